@@ -1,0 +1,296 @@
+"""The wire form of a problem instance: hypotheses, classes, priors, tests, outcomes.
+
+Two equivalent shapes are accepted (see docs/instances.md):
+
+* per-hypothesis: ``hypotheses: [{id, class, prior, outcomes | likelihoods}]``;
+* columnar: ``matrix`` (n×N outcome indices) or ``likelihood_matrix`` (n×N×ℓ), ``classes``,
+  optional ``priors`` and ``hypothesis_ids``.
+
+Pydantic checks types here; the cross-field rules (unknown test ids, labels outside a test's
+outcomes, rows not summing to 1, …) live in :func:`validate_instance_rules`, which reports every
+problem with the JSON path of its place, e.g. ``hypotheses[3].outcomes.ecg``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
+
+LABEL_MAX_LENGTH = 200
+LIKELIHOOD_TOLERANCE = 1e-6
+
+
+def _label_from_int(value: Any) -> Any:
+    # Integers are accepted as their decimal string; bools are not integers to a user.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+Label = Annotated[
+    str,
+    BeforeValidator(_label_from_int),
+    Field(min_length=1, max_length=LABEL_MAX_LENGTH),
+]
+Number = StrictFloat | StrictInt
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class TestSpec(_Wire):
+    __test__ = False  # not a pytest test class
+
+    id: Label
+    cost: Number = 1.0
+    outcomes: list[Label] | None = None
+    error_rate: Number | None = None
+
+
+class HypothesisSpec(_Wire):
+    id: Label
+    class_: Label | None = Field(default=None, alias="class")
+    prior: Number | None = None
+    outcomes: dict[Label, Label] | None = None
+    likelihoods: dict[Label, dict[Label, Number]] | None = None
+
+
+class Instance(_Wire):
+    """A problem instance as clients post it. Every rule is checked on construction."""
+
+    tests: list[TestSpec] = Field(min_length=1)
+    hypotheses: list[HypothesisSpec] | None = None
+    # Columnar form.
+    matrix: list[list[StrictInt]] | None = None
+    likelihood_matrix: list[list[list[Number]]] | None = None
+    classes: list[Label] | None = None
+    priors: list[Number] | None = None
+    hypothesis_ids: list[Label] | None = None
+    # Noise.
+    noise: Number | None = None
+    max_flips: StrictInt | None = None
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Instance:
+        problems = validate_instance_rules(self)
+        if problems:
+            raise ValidationError.from_exception_data(
+                "Instance",
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError("instance_rule", message),
+                        loc=loc,
+                        input=None,
+                    )
+                    for loc, message in problems
+                ],
+            )
+        return self
+
+    @property
+    def is_columnar(self) -> bool:
+        return self.hypotheses is None
+
+    @property
+    def n_hypotheses(self) -> int:
+        if self.hypotheses is not None:
+            return len(self.hypotheses)
+        rows = self.matrix if self.matrix is not None else self.likelihood_matrix
+        return len(rows or [])
+
+
+Loc = tuple[str | int, ...]
+Problem = tuple[Loc, str]
+
+
+def json_path(loc: Loc) -> str:
+    """``("hypotheses", 3, "outcomes", "ecg")`` → ``hypotheses[3].outcomes.ecg``."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, int) or math.isfinite(x)
+
+
+def validate_instance_rules(inst: Instance) -> list[Problem]:
+    """Every cross-field rule of the wire contract; returns ``(location, message)`` pairs."""
+    problems: list[Problem] = []
+    problems += _check_tests(inst)
+    if inst.hypotheses is not None:
+        columnar = [
+            name
+            for name in ("matrix", "likelihood_matrix", "classes", "priors", "hypothesis_ids")
+            if getattr(inst, name) is not None
+        ]
+        for name in columnar:
+            problems.append(((name,), "give either 'hypotheses' or the columnar fields, not both"))
+        if not inst.hypotheses:
+            problems.append((("hypotheses",), "at least one hypothesis is required"))
+        problems += _check_hypotheses(inst)
+    else:
+        problems += _check_columnar(inst)
+    problems += _check_noise(inst)
+    return problems
+
+
+def _check_tests(inst: Instance) -> list[Problem]:
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+    for i, test in enumerate(inst.tests):
+        if test.id in seen:
+            problems.append((("tests", i, "id"), f"duplicate test id '{test.id}' (also tests[{seen[test.id]}])"))
+        seen.setdefault(test.id, i)
+        if not _finite(test.cost) or test.cost <= 0:
+            problems.append((("tests", i, "cost"), "cost must be a finite number > 0"))
+        if test.outcomes is not None:
+            if not test.outcomes:
+                problems.append((("tests", i, "outcomes"), "a test needs at least one outcome"))
+            dupes = sorted({o for o in test.outcomes if test.outcomes.count(o) > 1})
+            if dupes:
+                problems.append((("tests", i, "outcomes"), f"duplicate outcome labels {dupes}"))
+        if test.error_rate is not None and not (_finite(test.error_rate) and 0 <= test.error_rate < 1):
+            problems.append((("tests", i, "error_rate"), "error_rate must be in [0, 1)"))
+    return problems
+
+
+def _check_prior_values(values: list[tuple[Loc, float]], where: Loc) -> list[Problem]:
+    problems: list[Problem] = []
+    for loc, p in values:
+        if not _finite(p) or p < 0:
+            problems.append((loc, "prior must be a finite number >= 0"))
+    if values and not problems and sum(p for _, p in values) <= 0:
+        problems.append((where, "priors are all zero; at least one must be positive"))
+    return problems
+
+
+def _check_likelihood_row(row: dict[str, float], loc: Loc, allowed: set[str] | None) -> list[Problem]:
+    problems: list[Problem] = []
+    for label, p in row.items():
+        if allowed is not None and label not in allowed:
+            problems.append(((*loc, label), f"'{label}' is not one of the test's outcomes {sorted(allowed)}"))
+        if not _finite(p) or p < 0:
+            problems.append(((*loc, label), "a likelihood must be a finite number >= 0"))
+    if not problems and abs(sum(row.values()) - 1.0) > LIKELIHOOD_TOLERANCE:
+        problems.append((loc, f"likelihoods sum to {sum(row.values()):.9g}, not 1"))
+    return problems
+
+
+def _check_hypotheses(inst: Instance) -> list[Problem]:
+    problems: list[Problem] = []
+    hyps = inst.hypotheses or []
+    outcomes_of = {t.id: (set(t.outcomes) if t.outcomes is not None else None) for t in inst.tests}
+    seen: dict[str, int] = {}
+    given_priors = [(("hypotheses", i, "prior"), h.prior) for i, h in enumerate(hyps) if h.prior is not None]
+    if given_priors and len(given_priors) != len(hyps):
+        missing = next(i for i, h in enumerate(hyps) if h.prior is None)
+        problems.append(
+            (("hypotheses", missing, "prior"), "give a prior for every hypothesis or for none (uniform)")
+        )
+    problems += _check_prior_values(given_priors, ("hypotheses",))
+    for i, h in enumerate(hyps):
+        here: Loc = ("hypotheses", i)
+        if h.id in seen:
+            problems.append(((*here, "id"), f"duplicate hypothesis id '{h.id}' (also hypotheses[{seen[h.id]}])"))
+        seen.setdefault(h.id, i)
+        outcomes = h.outcomes or {}
+        likelihoods = h.likelihoods or {}
+        for t, label in outcomes.items():
+            if t not in outcomes_of:
+                problems.append(((*here, "outcomes", t), f"unknown test id '{t}'"))
+            elif outcomes_of[t] is not None and label not in outcomes_of[t]:
+                problems.append(
+                    ((*here, "outcomes", t), f"'{label}' is not one of the test's outcomes {sorted(outcomes_of[t])}")
+                )
+        for t, row in likelihoods.items():
+            if t not in outcomes_of:
+                problems.append(((*here, "likelihoods", t), f"unknown test id '{t}'"))
+                continue
+            if t in outcomes:
+                problems.append(((*here, "likelihoods", t), f"test '{t}' is given both an outcome and likelihoods"))
+            problems += _check_likelihood_row(row, (*here, "likelihoods", t), outcomes_of[t])
+        for t in outcomes_of:
+            if t not in outcomes and t not in likelihoods:
+                field = "likelihoods" if likelihoods and not outcomes else "outcomes"
+                problems.append(((*here, field, t), f"no outcome given for test '{t}'"))
+    return problems
+
+
+def _check_columnar(inst: Instance) -> list[Problem]:
+    problems: list[Problem] = []
+    n_tests = len(inst.tests)
+    if (inst.matrix is None) == (inst.likelihood_matrix is None):
+        return [((), "give 'hypotheses', or exactly one of 'matrix' and 'likelihood_matrix'")]
+    name = "matrix" if inst.matrix is not None else "likelihood_matrix"
+    rows = inst.matrix if inst.matrix is not None else inst.likelihood_matrix
+    assert rows is not None
+    n = len(rows)
+    if n == 0:
+        return [((name,), "at least one hypothesis (row) is required")]
+    sizes = [len(t.outcomes) if t.outcomes is not None else None for t in inst.tests]
+    for i, row in enumerate(rows):
+        if len(row) != n_tests:
+            problems.append(((name, i), f"row has {len(row)} entries, expected one per test ({n_tests})"))
+            continue
+        for j, cell in enumerate(row):
+            if inst.matrix is not None:
+                if cell < 0 or (sizes[j] is not None and cell >= sizes[j]):
+                    bound = f"0..{sizes[j] - 1}" if sizes[j] is not None else ">= 0"
+                    problems.append(((name, i, j), f"outcome index {cell} out of range {bound} for test '{inst.tests[j].id}'"))
+            else:
+                width = len(inst.likelihood_matrix[0][0]) if inst.likelihood_matrix[0] else 0
+                if len(cell) != width:
+                    problems.append(((name, i, j), f"has {len(cell)} outcome probabilities, expected {width}"))
+                    continue
+                if sizes[j] is not None and any(p != 0 for p in cell[sizes[j]:]):
+                    problems.append(((name, i, j), f"test '{inst.tests[j].id}' has only {sizes[j]} outcomes; the rest must be 0"))
+                problems += _check_likelihood_row(dict(enumerate(map(float, cell))), (name, i, j), None)  # type: ignore[arg-type]
+        if len(problems) > 50:
+            break  # the first fifty say enough; do not build a megabyte of errors
+    for field in ("classes", "priors", "hypothesis_ids"):
+        values = getattr(inst, field)
+        if values is not None and len(values) != n:
+            problems.append(((field,), f"has {len(values)} entries, expected one per row of '{name}' ({n})"))
+    if inst.classes is None:
+        problems.append((("classes",), "the columnar form needs 'classes' (one label per row)"))
+    if inst.hypothesis_ids is not None:
+        seen: dict[str, int] = {}
+        for i, hid in enumerate(inst.hypothesis_ids):
+            if hid in seen:
+                problems.append((("hypothesis_ids", i), f"duplicate hypothesis id '{hid}'"))
+            seen.setdefault(hid, i)
+    if inst.priors is not None:
+        problems += _check_prior_values([(("priors", i), p) for i, p in enumerate(inst.priors)], ("priors",))
+    return problems
+
+
+def _check_noise(inst: Instance) -> list[Problem]:
+    problems: list[Problem] = []
+    if inst.noise is not None and not (_finite(inst.noise) and 0 <= inst.noise < 1):
+        problems.append((("noise",), "noise must be in [0, 1)"))
+    has_likelihoods = inst.likelihood_matrix is not None or any(h.likelihoods for h in inst.hypotheses or [])
+    if inst.max_flips is not None:
+        if inst.max_flips < 0:
+            problems.append((("max_flips",), "max_flips must be >= 0"))
+        if has_likelihoods:
+            problems.append((("max_flips",), "max_flips expands deterministic outcomes; it cannot apply to likelihoods"))
+    if has_likelihoods and (inst.noise or any(t.error_rate for t in inst.tests)):
+        problems.append((("noise",), "noise / error_rate apply to deterministic outcomes, not to given likelihoods"))
+    return problems

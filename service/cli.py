@@ -1,0 +1,29 @@
+"""The ``edgecut`` command line. Each sub-command lives in its own module under
+``service/commands/`` and exposes ``register(subparsers)``; this list is the only place that
+knows them all."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: tuple[str, ...] = ()  # each sub-command module adds its name here
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgecut", description=__doc__.split("\n")[0])
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        module = importlib.import_module(f"service.commands.{name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

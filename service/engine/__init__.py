@@ -1,0 +1,47 @@
+"""The mathematics of adaptive testing: pure functions on numpy arrays (no Flask, no Redis).
+
+Typical use::
+
+    from schemas.instance import Instance
+    from service import engine
+
+    inst = engine.compile_instance(Instance.model_validate(payload))
+    decision = engine.next_step(inst, engine.parse_observations(inst, [("ecg", "abnormal")]))
+    decision.next_test, decision.stop_reason, decision.belief.class_posterior
+"""
+
+from .belief import Belief, Observation, initial_belief, observe, parse_observations
+from .compiled import CompiledInstance, compile_instance, count_noisy_copies, log_p_min_bound
+from .errors import (
+    ConflictingObservation,
+    EngineError,
+    InconsistentObservation,
+    InfeasibleComputation,
+    InstanceTooLarge,
+    PolicyNotApplicable,
+    UnknownOutcome,
+    UnknownPolicy,
+    UnknownTest,
+)
+from .evaluate import (
+    RunResult,
+    TreeNode,
+    expected_cost,
+    expected_tests,
+    optimal_expected_cost,
+    policy_tree,
+    run_policy,
+    worst_case_cost,
+)
+from .policies import POLICIES, Policy
+from .select import (
+    DEFAULT_LIKELIHOOD_CONFIDENCE,
+    Decision,
+    StopReason,
+    StopRules,
+    decide,
+    next_step,
+    resolve_policy,
+)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,157 @@
+"""What is known after some observations: the version space (deterministic instances) or the
+exact Bayesian posterior kept in log space (likelihood instances), and the masses α(i, x)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .compiled import CompiledInstance
+from .errors import ConflictingObservation, InconsistentObservation, UnknownOutcome, UnknownTest
+
+Observation = tuple[int, int]  # (test index, outcome index)
+
+# Rows per block when accumulating α: the block's float64 copy stays in cache (see bench/engine.py).
+_BLOCK_ROWS = 512
+
+
+def parse_observations(inst: CompiledInstance, labelled: Iterable[tuple[str, str]]) -> list[Observation]:
+    """Labels → indices, in order; a repeated identical observation counts once."""
+    seen: dict[int, int] = {}
+    parsed: list[Observation] = []
+    for position, (test_id, outcome) in enumerate(labelled):
+        t = inst.test_index.get(test_id)
+        if t is None:
+            raise UnknownTest(f"observation {position}: unknown test '{test_id}'")
+        k = inst.outcome_index[t].get(str(outcome))
+        if k is None:
+            raise UnknownOutcome(
+                f"observation {position}: '{outcome}' is not an outcome of test '{test_id}' "
+                f"(expected one of {list(inst.outcome_labels[t])})"
+            )
+        if t in seen:
+            if seen[t] != k:
+                raise ConflictingObservation(
+                    f"observation {position}: test '{test_id}' was already observed as "
+                    f"'{inst.outcome_labels[t][seen[t]]}'"
+                )
+            continue
+        seen[t] = k
+        parsed.append((t, k))
+    return parsed
+
+
+@dataclass(frozen=True, eq=False)
+class Belief:
+    """The state after ``observations``.
+
+    ``alive`` holds the indices of hypotheses with positive mass (the version space V(x_A) for
+    deterministic instances); ``mass`` their weights: the prior P(h) itself for deterministic
+    instances (not renormalised, as Δ_EC is defined), the posterior P(h | x_A) otherwise.
+    """
+
+    instance: CompiledInstance
+    observations: tuple[Observation, ...]
+    alive: np.ndarray  # (|V|,) sorted hypothesis indices
+    mass: np.ndarray  # (|V|,) float64 > 0
+
+    @property
+    def total_mass(self) -> float:
+        return float(self.mass.sum())
+
+    @cached_property
+    def run_tests(self) -> np.ndarray:
+        ran = np.zeros(self.instance.n_tests, dtype=bool)
+        ran[[t for t, _ in self.observations]] = True
+        return ran
+
+    @cached_property
+    def cost_spent(self) -> float:
+        return float(sum(self.instance.costs[t] for t, _ in self.observations))
+
+    @cached_property
+    def class_mass(self) -> np.ndarray:
+        """β(i) = P(H_i ∩ V) (unnormalised for deterministic instances)."""
+        return np.bincount(self.instance.class_index[self.alive], weights=self.mass,
+                           minlength=self.instance.n_classes)
+
+    @cached_property
+    def class_posterior(self) -> np.ndarray:
+        return self.class_mass / self.class_mass.sum()
+
+    @cached_property
+    def alpha(self) -> np.ndarray:
+        """α(i, t, x) = Σ_{h ∈ H_i ∩ V} w(h) P(X_t = x | h), shape (classes, tests, outcomes).
+
+        Hypotheses are stored grouped by class, so each class is a contiguous block of the alive
+        rows and α is one weighted pass (a GEMV per block) over the alive cells: O(|V|·N).
+        The last outcome is β − Σ(others), saving a pass; it is masked to 0 beyond a test's arity.
+        """
+        inst = self.instance
+        width = inst.max_outcomes
+        alpha = np.zeros((inst.n_classes, inst.n_tests, width))
+        classes = inst.class_index[self.alive]
+        bounds = np.flatnonzero(np.diff(classes)) + 1
+        starts = np.concatenate(([0], bounds))
+        ends = np.concatenate((bounds, [len(classes)]))
+        full = len(self.alive) == inst.n_hypotheses
+        for start, end in zip(starts, ends):
+            c = classes[start]
+            for block in range(start, end, _BLOCK_ROWS):
+                stop = min(end, block + _BLOCK_ROWS)
+                rows = slice(block, stop) if full else self.alive[block:stop]
+                weight = self.mass[block:stop]
+                if inst.outcomes is not None:
+                    cells = inst.outcomes[rows]
+                    for k in range(width - 1):
+                        alpha[c, :, k] += weight @ (cells == k)
+                else:
+                    cells = inst.likelihood[rows, :, : width - 1]
+                    alpha[c, :, : width - 1] += np.tensordot(weight, cells, axes=(0, 0))
+        alpha[:, :, width - 1] = self.class_mass[:, None] - alpha[:, :, : width - 1].sum(axis=2)
+        arity = np.array([len(labels) for labels in inst.outcome_labels])
+        alpha[:, arity < width, width - 1] = 0.0
+        np.maximum(alpha, 0.0, out=alpha)  # the subtraction may leave −1e-17
+        return alpha
+
+
+def initial_belief(inst: CompiledInstance) -> Belief:
+    alive = np.flatnonzero(inst.prior > 0)
+    return Belief(inst, (), alive, inst.prior[alive])
+
+
+def observe(inst: CompiledInstance, observations: Sequence[Observation]) -> Belief:
+    """The belief after ``observations`` (already parsed). Raises ``InconsistentObservation``
+    when they leave no hypothesis alive; nothing is mutated either way."""
+    observations = tuple(observations)
+    if inst.outcomes is not None:
+        keep = inst.prior > 0
+        for t, k in observations:
+            keep &= inst.outcomes[:, t] == k
+        alive = np.flatnonzero(keep)
+        if alive.size == 0:
+            raise InconsistentObservation(_inconsistent_message(inst, observations))
+        return Belief(inst, observations, alive, inst.prior[alive])
+    with np.errstate(divide="ignore"):
+        log_post = np.log(inst.prior)
+    for t, k in observations:
+        log_post = log_post + inst.log_likelihood[:, t, k]
+    top = log_post.max()
+    if not np.isfinite(top):
+        raise InconsistentObservation(_inconsistent_message(inst, observations))
+    # Shift by the maximum before exponentiating: 500+ observations stay finite and exact.
+    weight = np.exp(log_post - top)
+    alive = np.flatnonzero(weight > 0)
+    mass = weight[alive]
+    return Belief(inst, observations, alive, mass / mass.sum())
+
+
+def _inconsistent_message(inst: CompiledInstance, observations: Sequence[Observation]) -> str:
+    t, k = observations[-1]
+    return (
+        f"observing '{inst.outcome_labels[t][k]}' on test '{inst.test_ids[t]}' contradicts every "
+        "remaining hypothesis"
+    )

@@ -1,0 +1,207 @@
+"""Running a policy: against one true hypothesis, as a whole decision tree, and the exact optimum.
+
+* :func:`run_policy` plays a policy against a given true hypothesis (sampling answers from the
+  likelihood model when the instance is noisy).
+* :func:`policy_tree` walks the policy's decision tree: every reachable observation vector,
+  with the probability of reaching it. Its :func:`expected_cost` is exact, no sampling.
+* :func:`optimal_expected_cost` is the minimum expected cost of any policy that determines the
+  class, by dynamic programming over the reachable version spaces (small instances only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .belief import Belief, Observation, observe
+from .compiled import CompiledInstance
+from .errors import InfeasibleComputation
+from .policies import Policy
+from .select import Decision, StopReason, StopRules, decide
+
+DEFAULT_MAX_TREE_NODES = 100_000
+DEFAULT_MAX_DP_STATES = 50_000
+
+
+@dataclass(frozen=True)
+class RunResult:
+    true_hypothesis: int
+    observations: tuple[Observation, ...]
+    cost: float
+    stop_reason: StopReason
+    # MAP class before any test and after each observation: len(observations) + 1 entries.
+    map_classes: tuple[int, ...]
+
+    @property
+    def final_class(self) -> int:
+        return self.map_classes[-1]
+
+
+def run_policy(
+    inst: CompiledInstance,
+    true_hypothesis: int,
+    policy: Policy,
+    rules: StopRules = StopRules(),
+    seed: int = 0,
+    rng: np.random.Generator | None = None,
+) -> RunResult:
+    """Play ``policy`` until it stops, answering each test as ``true_hypothesis`` would
+    (drawn from P(x | h, t) with ``rng`` on likelihood instances)."""
+    if inst.kind == "likelihood" and rng is None:
+        rng = np.random.default_rng(seed)
+    observations: list[Observation] = []
+    map_classes: list[int] = []
+    while True:
+        decision = decide(observe(inst, observations), policy, rules, seed)
+        map_classes.append(int(np.argmax(decision.belief.class_mass)))
+        if decision.done:
+            return RunResult(true_hypothesis, tuple(observations), decision.belief.cost_spent,
+                             decision.stop_reason, tuple(map_classes))
+        t = decision.next_test
+        if inst.outcomes is not None:
+            outcome = int(inst.outcomes[true_hypothesis, t])
+        else:
+            row = inst.likelihood[true_hypothesis, t]
+            outcome = int(rng.choice(row.size, p=row))
+        observations.append((t, outcome))
+
+
+@dataclass(eq=False)
+class TreeNode:
+    """A node of a policy's decision tree: the observations that lead here, the probability
+    of reaching it, the cost paid so far, and either the next test or why the policy stops."""
+
+    decision: Decision
+    probability: float
+    cost: float
+    depth: int
+    children: dict[int, TreeNode] = field(default_factory=dict)  # outcome index -> child
+
+    @property
+    def belief(self) -> Belief:
+        return self.decision.belief
+
+    @property
+    def test(self) -> int | None:
+        return self.decision.next_test
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.decision.done or not self.children
+
+    def leaves(self):
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            if node.is_leaf:
+                yield node
+            else:
+                stack.extend(reversed(list(node.children.values())))
+
+    def nodes(self):
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(list(node.children.values())))
+
+
+def policy_tree(
+    inst: CompiledInstance,
+    policy: Policy,
+    rules: StopRules = StopRules(),
+    seed: int = 0,
+    max_nodes: int = DEFAULT_MAX_TREE_NODES,
+) -> TreeNode:
+    """The whole adaptive policy as a tree. A child exists for every outcome with positive
+    probability p(x | x_A) = Σ_i α(i, t, x) / M; leaves are where the policy stops
+    (likelihood instances: give ``rules.max_tests`` to bound the depth)."""
+    root = TreeNode(decide(observe(inst, ()), policy, rules, seed), 1.0, 0.0, 0)
+    count = 1
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.decision.done:
+            continue
+        t = node.test
+        belief = node.belief
+        outcome_probability = belief.alpha[:, t, :].sum(axis=0) / belief.total_mass
+        for k in np.flatnonzero(outcome_probability > 0):
+            count += 1
+            if count > max_nodes:
+                raise InfeasibleComputation(
+                    f"the policy tree has more than {max_nodes} nodes; bound it with max_tests "
+                    "or a smaller instance"
+                )
+            child_belief = observe(inst, (*belief.observations, (t, int(k))))
+            child = TreeNode(
+                decide(child_belief, policy, rules, seed),
+                node.probability * float(outcome_probability[k]),
+                node.cost + float(inst.costs[t]),
+                node.depth + 1,
+            )
+            node.children[int(k)] = child
+            stack.append(child)
+    return root
+
+
+def expected_cost(tree: TreeNode) -> float:
+    """Σ_leaves P(leaf) · cost(path): the policy's exact expected cost c(π) under the prior."""
+    return sum(leaf.probability * leaf.cost for leaf in tree.leaves())
+
+
+def expected_tests(tree: TreeNode) -> float:
+    return sum(leaf.probability * leaf.depth for leaf in tree.leaves())
+
+
+def worst_case_cost(tree: TreeNode) -> float:
+    return max(leaf.cost for leaf in tree.leaves())
+
+
+def optimal_expected_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_DP_STATES) -> float:
+    """min over feasible policies of the expected cost to determine the class.
+
+    OPT(V) = 0 when V lies in one class (or no test separates its classes); otherwise
+    min_t c(t) + Σ_x P(V_x)/P(V) · OPT(V_x) over tests that split V. Version spaces are memoised
+    by their member set; refuses (``InfeasibleComputation``) past ``max_states`` of them, which in
+    practice means about 20 hypotheses with 10 binary tests (the state count grows like 3^N).
+    """
+    if inst.outcomes is None:
+        raise InfeasibleComputation("the exact optimum is defined for deterministic instances only")
+    outcomes, costs, prior, classes = inst.outcomes, inst.costs, inst.prior, inst.class_index
+    memo: dict[bytes, float] = {}
+
+    def solve(members: np.ndarray) -> float:
+        key = members.tobytes()
+        if key in memo:
+            return memo[key]
+        if len(memo) >= max_states:
+            raise InfeasibleComputation(
+                f"the optimum needs more than {max_states} version spaces; it is exact only for "
+                "small instances (about 20 hypotheses and 10 binary tests)"
+            )
+        best = 0.0
+        if np.unique(classes[members]).size > 1:
+            best = np.inf
+            rows = outcomes[members]
+            mass = prior[members].sum()
+            for t in range(inst.n_tests):
+                column = rows[:, t]
+                if (column == column[0]).all():
+                    continue
+                if costs[t] >= best:
+                    continue
+                value = costs[t]
+                for k in np.unique(column):
+                    part = members[column == k]
+                    value += prior[part].sum() / mass * solve(part)
+                    if value >= best:
+                        break
+                best = min(best, value)
+            if best == np.inf:
+                best = 0.0  # indistinguishable: no test separates what is left
+        memo[key] = best
+        return best
+
+    return solve(np.flatnonzero(prior > 0))

@@ -1,0 +1,132 @@
+"""One greedy step: given a belief, stop (with a reason) or name the next test."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from .belief import Belief, Observation, observe
+from .compiled import CompiledInstance
+from .errors import PolicyNotApplicable, UnknownPolicy
+from .policies import POLICIES, Policy, ec2_gain, normalised_masses
+
+# A normalised gain at or below this is zero: it is round-off, not information.
+ZERO_GAIN = 1e-12
+# Scores within this relative distance of the best are ties, won by the earliest test.
+TIE_TOLERANCE = 1e-9
+# A likelihood instance never becomes certain; with no stop rule given it stops here.
+DEFAULT_LIKELIHOOD_CONFIDENCE = 0.95
+
+
+class StopReason(StrEnum):
+    DETERMINED = "determined"
+    CONFIDENCE_REACHED = "confidence_reached"
+    MAX_TESTS = "max_tests"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    TESTS_EXHAUSTED = "tests_exhausted"
+    NO_INFORMATIVE_TEST = "no_informative_test"
+    INDISTINGUISHABLE = "indistinguishable"
+
+
+@dataclass(frozen=True)
+class StopRules:
+    max_tests: int | None = None
+    max_cost: float | None = None
+    confidence: float | None = None
+
+    def effective_confidence(self, inst: CompiledInstance) -> float | None:
+        if self.confidence is not None:
+            return self.confidence
+        if inst.kind == "likelihood" and self.max_tests is None and self.max_cost is None:
+            return DEFAULT_LIKELIHOOD_CONFIDENCE
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class Decision:
+    belief: Belief
+    next_test: int | None
+    stop_reason: StopReason | None
+    # Each test's score in the policy's own units divided by cost; NaN where not eligible.
+    scores: np.ndarray
+
+    @property
+    def done(self) -> bool:
+        return self.next_test is None
+
+
+def resolve_policy(inst: CompiledInstance, name: str | None) -> Policy:
+    if name is None:
+        name = "ec2" if inst.kind == "deterministic" else "effecxtive"
+    policy = POLICIES.get(name)
+    if policy is None:
+        raise UnknownPolicy(f"unknown policy '{name}'; choose one of {sorted(POLICIES)}")
+    if policy.deterministic_only and inst.kind != "deterministic":
+        raise PolicyNotApplicable(
+            f"policy '{name}' needs deterministic outcomes; for a likelihood instance use "
+            "'effecxtive' (or give max_flips to expand noisy copies)"
+        )
+    return policy
+
+
+def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed: int = 0) -> Decision:
+    """Stop with the first reason that applies (in the order of :class:`StopReason`), else the
+    eligible test maximising gain / cost; ties go to the earliest test in instance order."""
+    inst = belief.instance
+    scores = np.full(inst.n_tests, np.nan)
+
+    def stop(reason: StopReason) -> Decision:
+        return Decision(belief, None, reason, scores)
+
+    class_mass = belief.class_mass
+    if np.count_nonzero(class_mass) <= 1:
+        return stop(StopReason.DETERMINED)
+    confidence = rules.effective_confidence(inst)
+    if confidence is not None and belief.class_posterior.max() >= confidence:
+        return stop(StopReason.CONFIDENCE_REACHED)
+    if rules.max_tests is not None and len(belief.observations) >= rules.max_tests:
+        return stop(StopReason.MAX_TESTS)
+    unrun = ~belief.run_tests
+    if not unrun.any():
+        return stop(StopReason.TESTS_EXHAUSTED)
+
+    a, b = normalised_masses(belief)
+    if inst.kind == "deterministic":
+        # Policy-independent: can any unrun test still cut an edge between classes?
+        if not (ec2_gain(a, b)[unrun] > ZERO_GAIN).any():
+            return stop(StopReason.INDISTINGUISHABLE)
+    gain = policy.gain(a, b)
+    eligible = unrun.copy()
+    if rules.max_cost is not None:
+        eligible &= inst.costs <= rules.max_cost - belief.cost_spent + 1e-12
+        if not eligible.any():
+            return stop(StopReason.BUDGET_EXHAUSTED)
+    informative = eligible & (gain > ZERO_GAIN)
+    scale = belief.total_mass ** policy.score_power
+    scores[eligible] = np.maximum(gain[eligible], 0.0) * scale / inst.costs[eligible]
+    if not informative.any():
+        beyond_budget = unrun & ~eligible & (gain > ZERO_GAIN)
+        return stop(StopReason.BUDGET_EXHAUSTED if beyond_budget.any() else StopReason.NO_INFORMATIVE_TEST)
+
+    if policy.name == "random":
+        # Seeded by (seed, step) so a replay of the same observations picks the same test.
+        candidates = np.flatnonzero(informative)
+        rng = np.random.default_rng([seed, len(belief.observations)])
+        return Decision(belief, int(rng.choice(candidates)), None, scores)
+    ratio = np.where(informative, gain / inst.costs, -np.inf)
+    best = ratio.max()
+    chosen = int(np.flatnonzero(ratio >= best - TIE_TOLERANCE * abs(best))[0])
+    return Decision(belief, chosen, None, scores)
+
+
+def next_step(
+    inst: CompiledInstance,
+    observations: list[Observation] | tuple[Observation, ...] = (),
+    policy: str | None = None,
+    rules: StopRules = StopRules(),
+    seed: int = 0,
+) -> Decision:
+    """Observations (parsed indices) in, decision out: the whole engine in one call."""
+    return decide(observe(inst, observations), resolve_policy(inst, policy), rules, seed)
