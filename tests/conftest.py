@@ -1,0 +1,77 @@
+"""Fixtures shared by the suite. Each section belongs to one concern; keep them apart."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+# --- Redis: a real redis-server on a free port, never the machine's shared 6379 -------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """A redis-server child process. ``stop``/``start`` let fault tests take it away and back."""
+
+    def __init__(self, workdir: Path, *extra_args: str):
+        self.port = free_port()
+        self.workdir = workdir
+        self.extra_args = extra_args
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--dir", str(self.workdir), *self.extra_args]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process is None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        self.process.wait(timeout=10)
+        self.process = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One redis-server for the whole run; tests isolate themselves with a fresh key prefix."""
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed (.ci/run installs it)")
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    """A redis-server of the test's own, for tests that stop, kill or reconfigure it."""
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()
