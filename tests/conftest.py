@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,58 @@ def private_redis(tmp_path):
     server = RedisServer(tmp_path)
     yield server
     server.stop()
+
+
+# --- Stores: each contract test gets a fresh store; Redis ones a fresh key prefix -----------
+
+
+class FakeClock:
+    """A settable clock for the in-memory store, so TTL tests need no sleeping."""
+
+    def __init__(self, start: float = 1_700_000_000.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class StoreUnderTest:
+    """One store of a given kind plus a way to let its time pass (fake for memory, real sleep
+    for Redis, whose TTLs the server enforces)."""
+
+    def __init__(self, kind: str, redis_url: str | None = None):
+        self.kind = kind
+        self.redis_url = redis_url
+        self.clock = FakeClock()
+        self.key_prefix = f"test-{uuid.uuid4().hex[:12]}"
+
+    def make(self, session_ttl: int = 3600, **options):
+        if self.kind == "memory":
+            from service.store.memory import MemoryStore
+
+            return MemoryStore(session_ttl=session_ttl, clock=self.clock)
+        from service.store.redis_store import RedisStore
+
+        options.setdefault("instance_cache_bytes", 64 * 1024 * 1024)
+        return RedisStore(self.redis_url, session_ttl=session_ttl, key_prefix=self.key_prefix, **options)
+
+    def elapse(self, seconds: float) -> None:
+        if self.kind == "memory":
+            self.clock.advance(seconds)
+        else:
+            time.sleep(seconds)
+
+
+@pytest.fixture(params=["memory"])
+def store_kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def store_env(store_kind, request) -> StoreUnderTest:
+    if store_kind == "redis":
+        return StoreUnderTest("redis", request.getfixturevalue("redis_server").url)
+    return StoreUnderTest("memory")

@@ -1,0 +1,164 @@
+"""The embedded store: everything in this process's memory (quick start, one process).
+
+Semantics match the Redis store exactly (the contract suite runs against both):
+
+* sessions live ``session_ttl`` seconds after their last read or write (sliding TTL);
+* compiled instances live ``2 × session_ttl`` after they were last stored or read. The API reads
+  a session's instance on every step, so an instance always outlives the sessions that use it;
+  an unused one goes away like it would in Redis (no separate LRU bound here: the instance count
+  is bounded by what clients post within a TTL, the same as with Redis);
+* everything is keyed by tenant: another tenant's session, instance or idempotency key is simply
+  not found (no existence oracle);
+* idempotency keys expire ``session_ttl`` after they were claimed.
+
+Expired entries are dropped when touched, and swept in full at most once per ``sweep_interval``
+seconds of the clock, so memory held by abandoned sessions is returned without a timer thread.
+One lock serialises every operation: each is a few dictionary lookups, far cheaper than the
+selection step the API runs outside the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from service.engine import CompiledInstance
+
+from .base import DEFAULT_TENANT, SessionRecord, SessionStore, VersionConflict
+
+INSTANCE_TTL_FACTOR = 2
+
+
+class MemoryStore(SessionStore):
+    def __init__(self, session_ttl: int, clock: Callable[[], float] = time.time,
+                 sweep_interval: float = 60.0):
+        if session_ttl <= 0:
+            raise ValueError(f"session_ttl must be positive, got {session_ttl}")
+        self.session_ttl = float(session_ttl)
+        self.instance_ttl = INSTANCE_TTL_FACTOR * self.session_ttl
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._sweep_interval = sweep_interval
+        self._last_sweep = clock()
+        # Values are (payload, expires_at).
+        self._instances: dict[tuple[str, str], tuple[CompiledInstance, float]] = {}
+        self._sessions: dict[tuple[str, str], tuple[SessionRecord, float]] = {}
+        self._idempotency: dict[tuple[str, str], tuple[str, float]] = {}
+
+    # --- instances ---------------------------------------------------------------------------
+
+    def put_instance(self, instance: CompiledInstance, tenant: str = DEFAULT_TENANT) -> bool:
+        key = (tenant, instance.content_hash)
+        with self._lock:
+            now = self._tick()
+            current = self._live(self._instances, key, now)
+            stored = current[0] if current is not None else instance
+            self._instances[key] = (stored, now + self.instance_ttl)
+            return current is None
+
+    def get_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> CompiledInstance | None:
+        key = (tenant, instance_id)
+        with self._lock:
+            now = self._tick()
+            current = self._live(self._instances, key, now)
+            if current is None:
+                return None
+            self._instances[key] = (current[0], now + self.instance_ttl)
+            return current[0]
+
+    # --- sessions ----------------------------------------------------------------------------
+
+    def create_session(self, record: SessionRecord) -> None:
+        key = (record.tenant, record.session_id)
+        with self._lock:
+            now = self._tick()
+            current = self._live(self._sessions, key, now)
+            # A retried create of the very same record is a no-op (as in Redis, where a dropped
+            # connection can make the client resend a create that already ran).
+            if current is not None and _same_content(current[0], record):
+                self._sessions[key] = (current[0], now + self.session_ttl)
+                return
+            if current is not None:
+                raise VersionConflict(f"session {record.session_id!r} already exists")
+            self._sessions[key] = (record, now + self.session_ttl)
+
+    def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> SessionRecord | None:
+        key = (tenant, session_id)
+        with self._lock:
+            now = self._tick()
+            current = self._live(self._sessions, key, now)
+            if current is None:
+                return None
+            expires_at = now + self.session_ttl
+            self._sessions[key] = (current[0], expires_at)
+            return replace(current[0], expires_at=expires_at)
+
+    def update_session(self, record: SessionRecord, expected_version: int) -> None:
+        _check_next_version(record, expected_version)
+        key = (record.tenant, record.session_id)
+        with self._lock:
+            now = self._tick()
+            current = self._live(self._sessions, key, now)
+            if current is None:
+                raise VersionConflict(f"session {record.session_id!r} no longer exists")
+            if current[0].version != expected_version:
+                raise VersionConflict(
+                    f"session {record.session_id!r} is at version {current[0].version}, "
+                    f"not {expected_version}"
+                )
+            self._sessions[key] = (record, now + self.session_ttl)
+
+    def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        key = (tenant, session_id)
+        with self._lock:
+            now = self._tick()
+            existed = self._live(self._sessions, key, now) is not None
+            self._sessions.pop(key, None)
+            return existed
+
+    def claim_idempotency_key(self, key: str, session_id: str, tenant: str = DEFAULT_TENANT) -> str | None:
+        slot = (tenant, key)
+        with self._lock:
+            now = self._tick()
+            current = self._live(self._idempotency, slot, now)
+            if current is not None:
+                return current[0]
+            self._idempotency[slot] = (session_id, now + self.session_ttl)
+            return None
+
+    def ping(self) -> None:
+        return None
+
+    # --- expiry ------------------------------------------------------------------------------
+
+    def _tick(self) -> float:
+        """The current time; sweeps every table when the last sweep is old enough."""
+        now = self._clock()
+        if now - self._last_sweep >= self._sweep_interval:
+            for table in (self._instances, self._sessions, self._idempotency):
+                for key in [k for k, (_, expires_at) in table.items() if expires_at <= now]:
+                    del table[key]
+            self._last_sweep = now
+        return now
+
+    @staticmethod
+    def _live(table: dict, key, now: float):
+        entry = table.get(key)
+        if entry is not None and entry[1] <= now:
+            del table[key]
+            return None
+        return entry
+
+
+def _check_next_version(record: SessionRecord, expected_version: int) -> None:
+    if record.version != expected_version + 1:
+        raise ValueError(
+            f"record.version must be expected_version + 1 = {expected_version + 1}, got {record.version}"
+        )
+
+
+def _same_content(a: SessionRecord, b: SessionRecord) -> bool:
+    # expires_at is derived from the TTL the store applies, not content.
+    return replace(a, expires_at=0.0) == replace(b, expires_at=0.0)
