@@ -21,13 +21,18 @@ DEFAULT_LIKELIHOOD_CONFIDENCE = 0.95
 
 
 class StopReason(StrEnum):
+    """Why a run stops; :func:`decide` checks them in this order and reports the first that holds."""
+
     DETERMINED = "determined"
     CONFIDENCE_REACHED = "confidence_reached"
     MAX_TESTS = "max_tests"
-    BUDGET_EXHAUSTED = "budget_exhausted"
-    TESTS_EXHAUSTED = "tests_exhausted"
-    NO_INFORMATIVE_TEST = "no_informative_test"
+    # Deterministic instances: no unrun test separates two surviving hypotheses of different
+    # classes. Checked before tests_exhausted, so running out of tests with several classes left
+    # (which on a deterministic instance only happens to indistinguishable ones) says why.
     INDISTINGUISHABLE = "indistinguishable"
+    TESTS_EXHAUSTED = "tests_exhausted"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    NO_INFORMATIVE_TEST = "no_informative_test"
 
 
 @dataclass(frozen=True)
@@ -89,14 +94,13 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     if rules.max_tests is not None and len(belief.observations) >= rules.max_tests:
         return stop(StopReason.MAX_TESTS)
     unrun = ~belief.run_tests
-    if not unrun.any():
-        return stop(StopReason.TESTS_EXHAUSTED)
-
     a, b = normalised_masses(belief)
     if inst.kind == "deterministic":
         # Policy-independent: can any unrun test still cut an edge between classes?
         if not (ec2_gain(a, b)[unrun] > ZERO_GAIN).any():
             return stop(StopReason.INDISTINGUISHABLE)
+    if not unrun.any():
+        return stop(StopReason.TESTS_EXHAUSTED)
     gain = policy.gain(a, b)
     eligible = unrun.copy()
     if rules.max_cost is not None:
