@@ -103,6 +103,7 @@ class StoreUnderTest:
         self.redis_url = redis_url
         self.clock = FakeClock()
         self.key_prefix = f"test-{uuid.uuid4().hex[:12]}"
+        self.made: list = []
 
     def make(self, session_ttl: int = 3600, **options):
         if self.kind == "memory":
@@ -112,7 +113,13 @@ class StoreUnderTest:
         from service.store.redis_store import RedisStore
 
         options.setdefault("instance_cache_bytes", 64 * 1024 * 1024)
-        return RedisStore(self.redis_url, session_ttl=session_ttl, key_prefix=self.key_prefix, **options)
+        store = RedisStore(self.redis_url, session_ttl=session_ttl, key_prefix=self.key_prefix, **options)
+        self.made.append(store)
+        return store
+
+    def close(self) -> None:
+        for store in self.made:
+            store.close()
 
     def elapse(self, seconds: float) -> None:
         if self.kind == "memory":
@@ -121,13 +128,49 @@ class StoreUnderTest:
             time.sleep(seconds)
 
 
-@pytest.fixture(params=["memory"])
+@pytest.fixture(params=["memory", "redis"])
 def store_kind(request) -> str:
     return request.param
 
 
 @pytest.fixture
-def store_env(store_kind, request) -> StoreUnderTest:
+def store_env(store_kind, request):
+    """A store maker of the parametrised kind (``store_env.make(session_ttl=...)``)."""
     if store_kind == "redis":
-        return StoreUnderTest("redis", request.getfixturevalue("redis_server").url)
-    return StoreUnderTest("memory")
+        env = StoreUnderTest("redis", request.getfixturevalue("redis_server").url)
+    else:
+        env = StoreUnderTest("memory")
+    yield env
+    env.close()
+
+
+@pytest.fixture
+def redis_env(redis_server):
+    """A Redis store maker under a fresh key prefix, for the Redis-only tests."""
+    env = StoreUnderTest("redis", redis_server.url)
+    yield env
+    env.close()
+
+
+# --- App: the Flask app over each store kind (memory, Redis), and its test client ----------
+
+
+@pytest.fixture
+def app_config(store_kind, request) -> dict:
+    """Settings for one test's app: the store kind under test and a fresh Redis key prefix."""
+    config = {"redis_url": None, "session_ttl": 3600, "key_prefix": f"test-{uuid.uuid4().hex[:12]}"}
+    if store_kind == "redis":
+        config["redis_url"] = request.getfixturevalue("redis_server").url
+    return config
+
+
+@pytest.fixture
+def app(app_config):
+    from service.app import create_app
+
+    return create_app(app_config)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()

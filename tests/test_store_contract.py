@@ -8,14 +8,19 @@ contract tests.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
+import orjson
 import pytest
+import redis
 
 from schemas.instance import Instance
 from service import engine
-from service.store import SessionRecord, StoreUnavailable, VersionConflict
+from service.store import SessionRecord, StoreUnavailable, VersionConflict, codec
+from service.store.cache import InstanceCache
+from service.store.redis_store import RedisStore
 
 TRIAGE = {
     "tests": [
@@ -195,23 +200,23 @@ def test_sessions_expire_after_the_ttl(store_env):
 
 
 def test_reads_and_writes_slide_the_session_ttl(store_env):
-    store = store_env.make(session_ttl=2)
+    store = store_env.make(session_ttl=1)
     record = session()
     store.create_session(record)
-    store_env.elapse(1.3)
+    store_env.elapse(0.6)
     assert store.get_session("s-1") is not None  # a read slides the TTL...
-    store_env.elapse(1.3)  # ...so 2.6 s after creation it is still there
+    store_env.elapse(0.6)  # ...so 1.2 s after creation it is still there
     store.update_session(record.with_observations((("ecg", "normal"),)), expected_version=1)
-    store_env.elapse(1.3)  # ...and a write slides it too
+    store_env.elapse(0.6)  # ...and a write slides it too
     assert store.get_session("s-1").version == 2
-    store_env.elapse(2.2)
+    store_env.elapse(1.2)
     assert store.get_session("s-1") is None
 
 
 def test_get_session_reports_when_it_expires(store_env):
     store = store_env.make(session_ttl=3600)
     store.create_session(session())
-    now = store_env.clock() if store_env.kind == "memory" else __import__("time").time()
+    now = store_env.clock() if store_env.kind == "memory" else time.time()
     got = store.get_session("s-1")
     assert now + 3600 - 5 <= got.expires_at <= now + 3600 + 5
 
@@ -246,3 +251,207 @@ def test_idempotency_keys_expire_with_sessions(store_env):
 
 def test_ping_answers_when_the_store_is_up(store_env):
     store_env.make().ping()
+
+
+# --- Codec: the bytes Redis holds --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("payload", [TRIAGE, NOISY], ids=["deterministic", "likelihood"])
+def test_codec_round_trips_and_keeps_results(payload):
+    inst = compiled(payload)
+    header, body = codec.encode(inst)
+    decoded = codec.decode(header, body, expected_hash=inst.content_hash)
+    assert_same_instance(decoded, inst)
+    # The decoded instance drives the engine to the same decision.
+    assert engine.next_step(decoded).next_test == engine.next_step(inst).next_test
+
+
+def test_codec_encodes_a_large_outcome_dtype_little_endian():
+    inst = compiled()
+    wide = engine.CompiledInstance(**{**inst.__dict__, "outcomes": inst.outcomes.astype(">u4")})
+    header, body = codec.encode(wide)
+    assert b'"<u4"' in header
+    assert_same_instance(codec.decode(header, body), wide)
+
+
+def _tampered_header(header: bytes, edit) -> bytes:
+    fields = orjson.loads(header)
+    edit(fields)
+    return orjson.dumps(fields)
+
+
+def _set_array(fields, name, key, value):
+    next(d for d in fields["arrays"] if d["name"] == name)[key] = value
+
+
+CORRUPTIONS = {
+    "flipped body byte": lambda h, b: (h, b[:8] + bytes([b[8] ^ 1]) + b[9:]),
+    "truncated body": lambda h, b: (h, b[:-1]),
+    "extra body bytes": lambda h, b: (h, b + b"\0"),
+    "not json": lambda h, b: (b"\x80\x04pickle", b),
+    "wrong dtype": lambda h, b: (_tampered_header(h, lambda f: _set_array(f, "prior", "dtype", "<f4")), b),
+    "object dtype": lambda h, b: (_tampered_header(h, lambda f: _set_array(f, "prior", "dtype", "|O")), b),
+    "wrong shape": lambda h, b: (_tampered_header(h, lambda f: _set_array(f, "costs", "shape", [1])), b),
+    "renamed label": lambda h, b: (_tampered_header(h, lambda f: f["class_labels"].reverse()), b),
+    "other hash": lambda h, b: (_tampered_header(h, lambda f: f.update(content_hash="0" * 64)), b),
+    "missing array": lambda h, b: (_tampered_header(h, lambda f: f["arrays"].pop()), b),
+}
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_codec_refuses_corrupt_bytes(corruption):
+    inst = compiled()
+    header, body = CORRUPTIONS[corruption](*codec.encode(inst))
+    with pytest.raises(codec.CorruptInstance):
+        codec.decode(header, body, expected_hash=inst.content_hash)
+
+
+# --- Worker cache ------------------------------------------------------------------------------
+
+
+def test_instance_cache_stays_within_its_byte_budget():
+    small, noisy = compiled(), compiled(NOISY)
+    cache = InstanceCache(max_bytes=small.nbytes * 2 + 1)
+    cache.put(("t", "a"), small, 0.0)
+    cache.put(("t", "b"), small, 0.0)
+    assert cache.get(("t", "a")) is not None  # a is now the most recently used...
+    cache.put(("t", "c"), small, 0.0)  # ...so b is the one evicted
+    assert ("t", "b") not in cache and ("t", "a") in cache and ("t", "c") in cache
+    assert cache.nbytes == 2 * small.nbytes <= cache.max_bytes and cache.evictions == 1
+    assert noisy.nbytes > cache.max_bytes
+    assert cache.put(("t", "big"), noisy, 0.0) is False  # bigger than the budget: not cached...
+    assert len(cache) == 2  # ...and nothing flushed for it
+
+
+# --- Redis only ----------------------------------------------------------------------------------
+
+
+def raw_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url)
+
+
+def test_redis_holds_json_and_raw_arrays_never_pickle(redis_env):
+    store = redis_env.make()
+    inst = compiled(NOISY)
+    store.put_instance(inst)
+    record = session()
+    store.create_session(record)
+    store.claim_idempotency_key("k", "s-1")
+    raw = raw_client(redis_env.redis_url)
+
+    stored = raw.hgetall(store.instance_key(inst.content_hash))
+    assert set(stored) == {b"header", b"body"}
+    header = orjson.loads(stored[b"header"])  # plain JSON
+    assert header["content_hash"] == inst.content_hash
+    # The body is exactly the arrays' little-endian bytes, back to back.
+    expected = b"".join(np.ascontiguousarray(getattr(inst, d["name"]), dtype=d["dtype"]).tobytes()
+                        for d in header["arrays"])
+    assert stored[b"body"] == expected
+
+    state = raw.hgetall(store.session_key("s-1"))
+    assert state[b"version"] == b"1"
+    assert orjson.loads(state[b"record"])["session_id"] == "s-1"
+    assert raw.get(store.idempotency_key("k")) == b"s-1"
+    for value in [*stored.values(), *state.values()]:
+        assert not value.startswith(b"\x80")  # the pickle protocol marker
+
+
+def test_redis_keys_carry_the_prefix_and_one_hash_tag_per_session(redis_env):
+    store = redis_env.make()
+    store.create_session(session("s-1", tenant="clinic {a}:x"))
+    keys = [k.decode() for k in raw_client(redis_env.redis_url).scan_iter(f"{redis_env.key_prefix}:*")]
+    assert len(keys) == 1
+    key = keys[0]
+    # A tenant with braces and colons cannot break the tag: exactly one {…}, holding tenant + sid.
+    assert key.count("{") == 1 and key.count("}") == 1
+    tag = key[key.index("{") + 1:key.index("}")]
+    assert tag == "s:clinic%20%7Ba%7D%3Ax:s-1"
+    assert key == f"{redis_env.key_prefix}:{{{tag}}}:state"
+
+
+def test_redis_corrupt_instance_bytes_raise_instead_of_answering(redis_env):
+    inst = compiled()
+    redis_env.make().put_instance(inst)
+    writer = redis_env.make()
+    key = writer.instance_key(inst.content_hash)
+    raw = raw_client(redis_env.redis_url)
+    body = bytearray(raw.hget(key, "body"))
+    body[0] ^= 0x40  # one bit of costs[0]
+    raw.hset(key, "body", bytes(body))
+    with pytest.raises(codec.CorruptInstance):
+        redis_env.make().get_instance(inst.content_hash)  # a worker without it cached
+
+
+def test_redis_repeated_get_instance_is_served_by_the_worker_cache(redis_env):
+    inst = compiled(NOISY)
+    redis_env.make().put_instance(inst)
+    store = redis_env.make()
+    raw = raw_client(redis_env.redis_url)
+
+    def hmget_calls() -> int:
+        return raw.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0)
+
+    before = hmget_calls()
+    assert store.get_instance(inst.content_hash) is not None
+    assert hmget_calls() == before + 1
+    trips = store.round_trips
+    for _ in range(50):
+        assert store.get_instance(inst.content_hash) is not None
+    assert hmget_calls() == before + 1  # the server saw no further download...
+    assert store.round_trips == trips  # ...nor any other command from this store
+    assert store.cache.hits == 50
+
+
+def test_redis_cached_instance_is_rechecked_and_dropped_once_gone(redis_env):
+    store = redis_env.make(session_ttl=1)  # re-check every 0.25 s
+    inst = compiled()
+    store.put_instance(inst)
+    raw_client(redis_env.redis_url).delete(store.instance_key(inst.content_hash))
+    assert store.get_instance(inst.content_hash) is not None  # trusted for a moment...
+    time.sleep(store.recheck_interval + 0.05)
+    assert store.get_instance(inst.content_hash) is None  # ...then found gone
+    assert len(store.cache) == 0
+
+
+def test_redis_worker_cache_respects_its_byte_budget(redis_env):
+    first, second = compiled(), compiled(NOISY)
+    store = redis_env.make(instance_cache_bytes=max(first.nbytes, second.nbytes))
+    store.put_instance(first)
+    store.put_instance(second)
+    assert store.cache.nbytes <= store.cache.max_bytes and len(store.cache) == 1
+    assert_same_instance(store.get_instance(first.content_hash), first)  # refetched from Redis
+
+
+def test_redis_outage_fails_fast_and_recovers_without_restart(private_redis):
+    private_redis.start()
+    store = RedisStore(private_redis.url, session_ttl=60, key_prefix="outage")
+    inst = compiled()
+    store.put_instance(inst)
+    store.create_session(session())
+    store.ping()
+
+    private_redis.stop()
+    other = compiled(NOISY)
+    calls = {
+        "ping": store.ping,
+        "get_session": lambda: store.get_session("s-1"),
+        "update_session": lambda: store.update_session(session(version=2), expected_version=1),
+        "create_session": lambda: store.create_session(session("s-2")),
+        "delete_session": lambda: store.delete_session("s-1"),
+        "claim_idempotency_key": lambda: store.claim_idempotency_key("k", "s-2"),
+        "put_instance": lambda: store.put_instance(other),
+        "get_instance (not cached)": lambda: store.get_instance(other.content_hash),
+    }
+    for name, call in calls.items():
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            call()
+        assert time.monotonic() - started < 1.0, name
+
+    private_redis.start()  # same port, empty data (no persistence configured)
+    store.ping()
+    assert store.get_session("s-1") is None
+    store.create_session(session("s-3"))
+    assert store.get_session("s-3").version == 1
+    assert store.put_instance(inst) is True
+    store.close()

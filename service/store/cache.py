@@ -1,0 +1,78 @@
+"""A per-process, byte-bounded LRU of compiled instances.
+
+A step needs the whole matrix; downloading and re-hashing it from Redis on every observation
+would dominate the request. Instances are immutable and content-addressed, so a cached copy is
+never stale in content; the Redis store only re-checks now and then that it still *exists*
+(``checked_at``), so expiry there is seen here too.
+
+The budget counts :attr:`CompiledInstance.nbytes` (the arrays; labels are small beside them).
+An instance larger than the whole budget is not cached at all rather than flushing everything.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from service.engine import CompiledInstance
+
+
+@dataclass
+class CachedInstance:
+    instance: CompiledInstance
+    checked_at: float  # time.monotonic() when the backing store last confirmed it exists
+
+
+class InstanceCache:
+    def __init__(self, max_bytes: int):
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be ≥ 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[str, str], CachedInstance] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.evictions = 0
+
+    def get(self, key: tuple[str, str]) -> CachedInstance | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry
+
+    def put(self, key: tuple[str, str], instance: CompiledInstance, checked_at: float) -> bool:
+        """Cache ``instance``; False when it alone exceeds the budget."""
+        size = instance.nbytes
+        if size > self.max_bytes:
+            return False
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.instance.nbytes
+            self._entries[key] = CachedInstance(instance, checked_at)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.instance.nbytes
+                self.evictions += 1
+            return True
+
+    def discard(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.instance.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._entries

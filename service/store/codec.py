@@ -1,0 +1,162 @@
+"""CompiledInstance ⇄ (JSON header, raw array bytes). Never pickle.
+
+The header (orjson) holds the labels, the content hash and one descriptor per array
+(``name``, ``dtype``, ``shape``, ``offset``, ``nbytes``); the body is the arrays' little-endian
+bytes back to back, 8-byte-aligned ones first so every float64 view starts on an 8-byte
+boundary. Decoding trusts nothing it reads: each dtype must be the one that field may have, each
+shape must agree with the label counts, each byte range must be exactly where the header says,
+and the content hash recomputed from the decoded arrays must equal the header's (and the id the
+caller asked for). Any mismatch raises :class:`CorruptInstance`: corrupt bytes must never
+become a wrong answer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import orjson
+
+from service.engine import CompiledInstance
+
+FORMAT = "edgecut.compiled-instance/1"
+
+# Field → dtypes it may be stored with. Little-endian on the wire whatever the host.
+_ALLOWED_DTYPES = {
+    "costs": {"<f8"},
+    "class_index": {"<i8"},
+    "prior": {"<f8"},
+    "likelihood": {"<f8"},
+    "outcomes": {"|u1", "<u2", "<u4", "<u8"},
+}
+# Encoding order: 8-byte items first, so offsets of float64 arrays stay multiples of 8.
+_ORDER = ("costs", "class_index", "prior", "likelihood", "outcomes")
+
+
+class CorruptInstance(ValueError):
+    """Stored instance bytes disagree with their header or their hash."""
+
+
+def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
+    """The (header, body) pair for ``instance``."""
+    arrays = {
+        "costs": instance.costs.astype("<f8", copy=False),
+        "class_index": instance.class_index.astype("<i8", copy=False),
+        "prior": instance.prior.astype("<f8", copy=False),
+        "likelihood": None if instance.likelihood is None else instance.likelihood.astype("<f8", copy=False),
+        "outcomes": None if instance.outcomes is None
+        else instance.outcomes.astype(instance.outcomes.dtype.newbyteorder("<"), copy=False),
+    }
+    descriptors, chunks, offset = [], [], 0
+    for name in _ORDER:
+        array = arrays[name]
+        if array is None:
+            continue
+        raw = np.ascontiguousarray(array).tobytes()
+        descriptors.append({"name": name, "dtype": array.dtype.str, "shape": list(array.shape),
+                            "offset": offset, "nbytes": len(raw)})
+        chunks.append(raw)
+        offset += len(raw)
+    header = {
+        "format": FORMAT,
+        "content_hash": instance.content_hash,
+        "kind": instance.kind,
+        "test_ids": instance.test_ids,
+        "outcome_labels": instance.outcome_labels,
+        "hypothesis_ids": instance.hypothesis_ids,
+        "class_labels": instance.class_labels,
+        "warnings": instance.warnings,
+        "arrays": descriptors,
+    }
+    return orjson.dumps(header), b"".join(chunks)
+
+
+def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -> CompiledInstance:
+    """The instance (arrays are read-only views of ``body``), or :class:`CorruptInstance`."""
+    try:
+        header = orjson.loads(header_bytes)
+    except orjson.JSONDecodeError as exc:
+        raise CorruptInstance(f"instance header is not JSON: {exc}") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise CorruptInstance(f"instance header is not {FORMAT}")
+    try:
+        test_ids = _labels(header["test_ids"])
+        hypothesis_ids = _labels(header["hypothesis_ids"])
+        class_labels = _labels(header["class_labels"])
+        outcome_labels = tuple(_labels(o) for o in header["outcome_labels"])
+        warnings = _labels(header["warnings"])
+        kind, stated_hash, descriptors = header["kind"], header["content_hash"], header["arrays"]
+    except (KeyError, TypeError) as exc:
+        raise CorruptInstance(f"instance header lacks or mistypes a field: {exc}") from None
+    if expected_hash is not None and stated_hash != expected_hash:
+        raise CorruptInstance(f"stored header is for instance {stated_hash!r}, not {expected_hash!r}")
+
+    n, n_tests = len(hypothesis_ids), len(test_ids)
+    if len(outcome_labels) != n_tests or n == 0 or n_tests == 0:
+        raise CorruptInstance("instance header label counts are inconsistent")
+    width = max(len(o) for o in outcome_labels)
+    expected_shapes = {"costs": (n_tests,), "class_index": (n,), "prior": (n,),
+                       "outcomes": (n, n_tests), "likelihood": (n, n_tests, None)}
+    wanted = {"costs", "class_index", "prior", "outcomes" if kind == "deterministic" else "likelihood"}
+    if kind not in ("deterministic", "likelihood"):
+        raise CorruptInstance(f"unknown instance kind {kind!r}")
+
+    arrays: dict[str, np.ndarray] = {}
+    end = 0
+    for d in descriptors if isinstance(descriptors, list) else ():
+        try:
+            name, dtype, shape = d["name"], d["dtype"], tuple(d["shape"])
+            offset, nbytes = d["offset"], d["nbytes"]
+        except (KeyError, TypeError) as exc:
+            raise CorruptInstance(f"array descriptor lacks a field: {exc}") from None
+        if name not in wanted or name in arrays:
+            raise CorruptInstance(f"unexpected or repeated array {name!r} in a {kind} instance")
+        if dtype not in _ALLOWED_DTYPES[name]:
+            raise CorruptInstance(f"array {name!r} has dtype {dtype!r}; allowed: {sorted(_ALLOWED_DTYPES[name])}")
+        want = expected_shapes[name]
+        if len(shape) != len(want) or any(w is not None and s != w for s, w in zip(shape, want)):
+            raise CorruptInstance(f"array {name!r} has shape {shape}, expected {want}")
+        if name == "likelihood" and shape[2] < width:
+            raise CorruptInstance(f"likelihood has {shape[2]} outcome columns, fewer than {width}")
+        itemsize = np.dtype(dtype).itemsize
+        if (not all(isinstance(s, int) and s >= 0 for s in shape) or offset != end
+                or nbytes != math.prod(shape) * itemsize or offset + nbytes > len(body)):
+            raise CorruptInstance(f"array {name!r}: byte range {offset}+{nbytes} does not match its "
+                                  f"shape {shape} × {itemsize} B in a {len(body)} B body")
+        array = np.frombuffer(body, dtype=np.dtype(dtype), count=math.prod(shape), offset=offset).reshape(shape)
+        arrays[name] = array
+        end = offset + nbytes
+    if set(arrays) != wanted:
+        raise CorruptInstance(f"instance arrays {sorted(arrays)} are not {sorted(wanted)}")
+    if end != len(body):
+        raise CorruptInstance(f"instance body is {len(body)} B, its arrays cover {end} B")
+
+    class_index = arrays["class_index"]
+    if class_index.size and (class_index.min() < 0 or class_index.max() >= len(class_labels)):
+        raise CorruptInstance("class_index points outside class_labels")
+    if "outcomes" in arrays and arrays["outcomes"].size:
+        arity = np.array([len(o) for o in outcome_labels])
+        if (arrays["outcomes"] >= arity[None, :]).any():
+            raise CorruptInstance("an outcome index points outside its test's outcome labels")
+
+    instance = CompiledInstance(
+        test_ids=test_ids,
+        outcome_labels=outcome_labels,
+        costs=arrays["costs"],
+        hypothesis_ids=hypothesis_ids,
+        class_labels=class_labels,
+        class_index=class_index.astype(np.intp, copy=False),
+        prior=arrays["prior"],
+        outcomes=arrays.get("outcomes"),
+        likelihood=arrays.get("likelihood"),
+        warnings=warnings,
+    )
+    if instance.content_hash != stated_hash:
+        raise CorruptInstance(f"instance bytes hash to {instance.content_hash}, the header says {stated_hash}")
+    return instance
+
+
+def _labels(value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError("expected a list of strings")
+    return tuple(value)
