@@ -131,10 +131,12 @@ def ec2_gain(model: Model, observations: list[Observation], t: int) -> float:
     ]
     total = sum(mass)
     gain = 0.0
-    for truth in alive:
-        x = model.outcomes[truth][t]
-        newly_cut = sum(w for h, g, w in edges if model.outcomes[h][t] != x or model.outcomes[g][t] != x)
-        gain += mass[truth] / total * newly_cut
+    # E_h[…]: the true h enters only through its answer x = h(t), so group the truths by x.
+    for x in range(model.arity[t]):
+        p_x = sum(mass[h] for h in alive if model.outcomes[h][t] == x) / total
+        if p_x > 0:
+            newly_cut = sum(w for h, g, w in edges if model.outcomes[h][t] != x or model.outcomes[g][t] != x)
+            gain += p_x * newly_cut
     return gain
 
 

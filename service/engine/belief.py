@@ -14,8 +14,11 @@ from .errors import ConflictingObservation, InconsistentObservation, UnknownOutc
 
 Observation = tuple[int, int]  # (test index, outcome index)
 
-# Rows per block when accumulating α: the block's float64 copy stays in cache (see bench/engine.py).
-_BLOCK_ROWS = 512
+# Cells (rows × tests) per block when accumulating α. Two reasons, both measured in bench/engine.py:
+# the block's float64 image stays in cache, and it stays under OpenBLAS's threshold for threading
+# a GEMV (about 4·10⁵ cells): on this shared 2-core machine a threaded GEMV waits for the busy
+# core and one step took 150 ms instead of 3 ms with 512 × 1000 blocks.
+_BLOCK_CELLS = 1 << 17
 
 
 def parse_observations(inst: CompiledInstance, labelled: Iterable[tuple[str, str]]) -> list[Observation]:
@@ -98,19 +101,22 @@ class Belief:
         starts = np.concatenate(([0], bounds))
         ends = np.concatenate((bounds, [len(classes)]))
         full = len(self.alive) == inst.n_hypotheses
+        block_rows = max(1, _BLOCK_CELLS // inst.n_tests)
+        by_outcome = inst.likelihood_by_outcome if inst.outcomes is None else None
         for start, end in zip(starts, ends):
             c = classes[start]
-            for block in range(start, end, _BLOCK_ROWS):
-                stop = min(end, block + _BLOCK_ROWS)
+            for block in range(start, end, block_rows):
+                stop = min(end, block + block_rows)
                 rows = slice(block, stop) if full else self.alive[block:stop]
                 weight = self.mass[block:stop]
-                if inst.outcomes is not None:
+                if by_outcome is None:
                     cells = inst.outcomes[rows]
                     for k in range(width - 1):
                         alpha[c, :, k] += weight @ (cells == k)
                 else:
-                    cells = inst.likelihood[rows, :, : width - 1]
-                    alpha[c, :, : width - 1] += np.tensordot(weight, cells, axes=(0, 0))
+                    # (rows, N) with unit stride along tests: a GEMV straight on the stored tensor.
+                    for k in range(width - 1):
+                        alpha[c, :, k] += weight @ by_outcome[rows, k]
         alpha[:, :, width - 1] = self.class_mass[:, None] - alpha[:, :, : width - 1].sum(axis=2)
         arity = np.array([len(labels) for labels in inst.outcome_labels])
         alpha[:, arity < width, width - 1] = 0.0

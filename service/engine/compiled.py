@@ -29,6 +29,10 @@ class CompiledInstance:
     ``outcomes[h, t]`` is the index (into ``outcome_labels[t]``) of the outcome hypothesis ``h``
     gives on test ``t`` (deterministic instances); ``likelihood[h, t, k] = P(X_t = k | h)``
     (likelihood instances). Exactly one of the two is set.
+
+    :func:`compile_instance` stores the likelihood tensor outcome-major, (n, ℓ, N) in memory, and
+    exposes it as the (n, N, ℓ) view above: the α pass then reads, for each outcome, rows of N
+    contiguous numbers that BLAS takes without a copy (see :attr:`likelihood_by_outcome`).
     """
 
     test_ids: tuple[str, ...]
@@ -69,6 +73,13 @@ class CompiledInstance:
     @cached_property
     def outcome_index(self) -> tuple[dict[str, int], ...]:
         return tuple({label: k for k, label in enumerate(labels)} for labels in self.outcome_labels)
+
+    @cached_property
+    def likelihood_by_outcome(self) -> np.ndarray:
+        """``likelihood`` as a C-contiguous (n, ℓ, N) array: a free view for compiled instances,
+        a one-off copy (cached) for a tensor built another way, e.g. decoded (n, N, ℓ) bytes."""
+        by_outcome = self.likelihood.transpose(0, 2, 1)
+        return by_outcome if by_outcome.flags.c_contiguous else np.ascontiguousarray(by_outcome)
 
     @cached_property
     def log_likelihood(self) -> np.ndarray:
@@ -190,7 +201,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
     if matrix is not None:
         matrix = matrix[order]
     if likelihood is not None:
-        likelihood = np.ascontiguousarray(likelihood[order])
+        likelihood = np.ascontiguousarray(likelihood[order].transpose(0, 2, 1)).transpose(0, 2, 1)
     outcomes = matrix.astype(smallest_uint_dtype(int(matrix.max(initial=0)))) if matrix is not None else None
     compiled = CompiledInstance(
         test_ids=test_ids,
