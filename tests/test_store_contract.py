@@ -425,6 +425,10 @@ def test_redis_worker_cache_respects_its_byte_budget(redis_env):
 def test_redis_outage_fails_fast_and_recovers_without_restart(private_redis):
     private_redis.start()
     store = RedisStore(private_redis.url, session_ttl=60, key_prefix="outage")
+    # A second worker that is idle during the outage: its pooled connection goes stale, and its
+    # first call after the restart must still succeed (no restart of the worker, no 503 burst).
+    idle = RedisStore(private_redis.url, session_ttl=60, key_prefix="outage")
+    idle.ping()
     inst = compiled()
     store.put_instance(inst)
     store.create_session(session())
@@ -449,9 +453,11 @@ def test_redis_outage_fails_fast_and_recovers_without_restart(private_redis):
         assert time.monotonic() - started < 1.0, name
 
     private_redis.start()  # same port, empty data (no persistence configured)
+    assert idle.get_session("s-1") is None
     store.ping()
     assert store.get_session("s-1") is None
     store.create_session(session("s-3"))
     assert store.get_session("s-3").version == 1
     assert store.put_instance(inst) is True
     store.close()
+    idle.close()

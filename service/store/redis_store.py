@@ -14,6 +14,8 @@ tenant's data is simply not found.
 
 Consistency and lifetimes
 
+* Instances are written with MULTI/EXEC (HSETNX header, HSETNX body, PEXPIRE): all or nothing,
+  and two workers posting the same content cannot both see it as new.
 * Every session write goes through ONE Lua script (``_CAS_SCRIPT``): compare the stored version,
   write version + record, and slide the TTL, atomically. ``create_session`` is the same script
   with expected version 0 ("must not exist"). Two workers can never both apply a step.
@@ -32,9 +34,11 @@ existence re-check above. Decoding checks dtype, shape, byte ranges and the cont
 Nothing read back is unpickled or evaluated.
 
 Failing fast: small commands use a pool with 0.5 s connect and read timeouts, a 5 s health-check
-interval and at most one immediate retry on a connection error (it replaces a pooled connection
-that died with a restarted server, so the first call after Redis returns succeeds). A dead Redis
-therefore answers :class:`StoreUnavailable` well within 1 s. Instance bodies (up to hundreds of
+interval and at most one immediate retry, on connection errors only (redis-py's default is ten
+retries with backoff, far beyond a 1 s budget; a timed-out command is not resent). A dead Redis
+therefore answers :class:`StoreUnavailable` well within 1 s. Recovery needs no restart: the pool
+checks a pooled connection before lending it and reconnects one the server closed, so the first
+call after Redis returns succeeds. Instance bodies (up to hundreds of
 MB) go through a second pool whose read timeout is ``bulk_timeout`` (Python's ``sendall``
 timeout bounds the whole upload); its connect timeout is the same 0.5 s, so an unreachable
 server still fails fast. A connection error retried after the server had already run a CAS makes
@@ -88,18 +92,6 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
-# KEYS[1]: the instance hash. ARGV: header, body, TTL in ms. 1 stored, 0 it was already there
-# (TTL refreshed). A script, so two workers posting the same content cannot both see "new" and a
-# reader never sees a header without its body.
-_PUT_INSTANCE_SCRIPT = """
-if redis.call('PEXPIRE', KEYS[1], ARGV[3]) == 1 then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'header', ARGV[1], 'body', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-
 # Server replies meaning "not available right now" rather than "your command is wrong".
 _UNAVAILABLE_REPLIES = ("LOADING", "MASTERDOWN", "READONLY", "MISCONF", "OOM", "CLUSTERDOWN", "TRYAGAIN",
                         "BUSY")
@@ -129,7 +121,6 @@ class RedisStore(SessionStore):
         self._redis = redis.Redis.from_url(url, socket_timeout=COMMAND_TIMEOUT, **common)
         self._bulk = redis.Redis.from_url(url, socket_timeout=bulk_timeout, **common)
         self._cas = self._redis.register_script(_CAS_SCRIPT)
-        self._put = self._bulk.register_script(_PUT_INSTANCE_SCRIPT)
         self.cache = InstanceCache(instance_cache_bytes)
         self.round_trips = 0  # network round trips this store made (tests and /metrics read it)
 
@@ -155,8 +146,16 @@ class RedisStore(SessionStore):
                 created = False
             else:
                 header, body = codec.encode(instance)
+                # MULTI/EXEC, not Lua: a script would copy a body of hundreds of MB into Lua
+                # strings (and EVALSHA's NOSCRIPT fallback would upload it twice). Existing keys
+                # always hold both fields, so the first HSETNX alone says whether this is new,
+                # and a reader never sees a header without its body.
+                pipe = self._bulk.pipeline(transaction=True)
+                pipe.hsetnx(key, "header", header)
+                pipe.hsetnx(key, "body", body)
+                pipe.pexpire(key, self._instance_ttl_ms)
                 self.round_trips += 1
-                created = bool(self._put(keys=[key], args=[header, body, self._instance_ttl_ms]))
+                created = bool(pipe.execute()[0])
         self.cache.put((tenant, instance.content_hash), instance, time.monotonic())
         return created
 
