@@ -1,0 +1,157 @@
+"""The wire contract of the HTTP API: request and response bodies (openapi.yaml mirrors these).
+
+Requests are strict (unknown fields are refused, so a typo like ``max_test`` is a 422, not a
+silently ignored limit). Responses are plain data; the service builds them, clients read them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+
+from .instance import Instance, Label
+
+InstanceId = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the compiled content")]
+MAX_OBSERVATIONS_PER_REQUEST = 10_000
+MAX_SEED = 2**63 - 1
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- requests -------------------------------------------------------------------------------
+
+
+class ObservationIn(_Request):
+    test: Label
+    outcome: Label
+
+
+class ObservationsRequest(_Request):
+    """One observation ``{test, outcome}`` or several ``{observations: [...]}`` (all or nothing)."""
+
+    test: Label | None = None
+    outcome: Label | None = None
+    observations: list[ObservationIn] | None = Field(
+        default=None, min_length=1, max_length=MAX_OBSERVATIONS_PER_REQUEST
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ObservationsRequest:
+        single = self.test is not None or self.outcome is not None
+        if single and self.observations is not None:
+            raise ValueError("give either {test, outcome} or {observations: [...]}, not both")
+        if not single and self.observations is None:
+            raise ValueError("give {test, outcome} or {observations: [...]}")
+        if single and (self.test is None or self.outcome is None):
+            raise ValueError("an observation needs both 'test' and 'outcome'")
+        return self
+
+    def labelled(self) -> list[tuple[str, str]]:
+        if self.observations is not None:
+            return [(o.test, o.outcome) for o in self.observations]
+        return [(self.test, self.outcome)]  # type: ignore[list-item]
+
+
+class StepConfig(_Request):
+    """What a session (or a stateless select) runs: the instance, the policy and the stop rules."""
+
+    instance_id: InstanceId | None = None
+    instance: Instance | None = None
+    policy: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    max_tests: Annotated[StrictInt, Field(ge=0)] | None = None
+    max_cost: Annotated[StrictFloat | StrictInt, Field(gt=0, allow_inf_nan=False)] | None = None
+    confidence: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] = 0
+
+    @model_validator(mode="after")
+    def _one_instance(self) -> StepConfig:
+        if (self.instance_id is None) == (self.instance is None):
+            raise ValueError("give exactly one of 'instance_id' and 'instance'")
+        return self
+
+
+class SessionCreate(StepConfig):
+    pass
+
+
+class SelectRequest(StepConfig):
+    observations: list[ObservationIn] = Field(default_factory=list, max_length=MAX_OBSERVATIONS_PER_REQUEST)
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+class InstanceSummary(_Response):
+    instance_id: str
+    kind: Literal["deterministic", "likelihood"]
+    n_hypotheses: int
+    n_tests: int
+    n_classes: int
+    warnings: list[str]
+
+
+class NextTest(_Response):
+    id: str
+    cost: float
+    outcomes: list[str]
+
+
+class HistoryEntry(_Response):
+    test: str
+    outcome: str
+    cost: float
+
+
+class Candidate(_Response):
+    """A test the policy scored: ``score`` is its gain per unit cost in the policy's own units."""
+
+    test: str
+    score: float
+    cost: float
+
+
+class StepState(_Response):
+    policy: str
+    step: int
+    next_test: NextTest | None
+    done: StrictBool
+    stop_reason: str | None
+    cost_spent: float
+    history: list[HistoryEntry]
+    # Classes with positive probability, most probable first.
+    class_posterior: dict[str, float]
+    map_class: str
+    # |V(x_A)| for deterministic instances; null for likelihood instances.
+    version_space_size: int | None
+    # Only with ?explain=true: the best-scoring eligible tests, best first.
+    candidates: list[Candidate] | None = None
+
+
+class _SessionIdentity(_Response):
+    session_id: str
+
+
+class SessionState(StepState, _SessionIdentity):
+    """A session's state: the step fields plus its id (first) and when it expires."""
+
+    expires_at: str  # RFC 3339, UTC; slides forward on every read and write
+
+
+class ProblemError(_Response):
+    path: str
+    message: str
+
+
+class Problem(_Response):
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[ProblemError] | None = None

@@ -1,0 +1,34 @@
+"""What handlers reach through the app: the settings, the store and the session domain,
+attached once by :func:`service.app.create_app` (never at import time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask import current_app
+
+from service.sessions import Sessions
+from service.settings import Settings
+from service.store import DEFAULT_TENANT, SessionStore
+
+EXTENSION = "edgecut"
+
+
+@dataclass(frozen=True)
+class Services:
+    settings: Settings
+    store: SessionStore
+    sessions: Sessions
+
+
+def services() -> Services:
+    return current_app.extensions[EXTENSION]
+
+
+def sessions() -> Sessions:
+    return services().sessions
+
+
+def tenant() -> str:
+    """The caller's tenant: one public tenant until API keys arrive (issue 6)."""
+    return DEFAULT_TENANT

@@ -1,0 +1,119 @@
+"""The one JSON encoder (orjson) and the one way to read a JSON request body.
+
+Responses: :func:`json_response` for every body the API writes (Flask's own ``jsonify`` is
+routed through the same encoder by :class:`OrjsonProvider`). Requests: :func:`parse_body`
+checks the media type, decodes strictly (orjson refuses NaN, Infinity and invalid UTF-8) and
+validates against the wire model, raising the errors service/api/problems.py maps to 415, 400
+and 422.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import orjson
+from flask import Response, request
+from flask.json.provider import JSONProvider
+from pydantic import BaseModel, ValidationError
+
+from schemas.instance import json_path
+from service.errors import ServiceError
+
+Model = TypeVar("Model", bound=BaseModel)
+JSON_MEDIA_TYPE = "application/json"
+
+
+class UnsupportedMediaType(ServiceError):
+    code = "unsupported-media-type"
+
+
+class MalformedJson(ServiceError):
+    code = "malformed-json"
+
+
+class RequestValidationFailed(ServiceError):
+    code = "validation-error"
+
+    def __init__(self, message: str, errors: list[dict[str, str]]):
+        super().__init__(message)
+        self.errors = errors
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(exclude_none=False)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def dumps(value: Any) -> bytes:
+    # OPT_SERIALIZE_NUMPY: a stray numpy scalar is written as a number, not a 500.
+    return orjson.dumps(value, default=_default, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def body_of(model: BaseModel) -> dict[str, Any]:
+    """The wire form of a response model; optional extras that are absent (``candidates``,
+    ``errors``) are left out rather than written as null."""
+    data = model.model_dump()
+    for optional in ("candidates", "errors"):
+        if optional in data and data[optional] is None:
+            del data[optional]
+    return data
+
+
+def json_response(body: BaseModel | dict[str, Any], status: int = 200, headers: dict[str, str] | None = None,
+                  media_type: str = JSON_MEDIA_TYPE) -> Response:
+    payload = body_of(body) if isinstance(body, BaseModel) else body
+    return Response(dumps(payload), status=status, headers=headers, content_type=media_type)
+
+
+class OrjsonProvider(JSONProvider):
+    def dumps(self, obj: Any, **kwargs: Any) -> str:
+        return dumps(obj).decode()
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        return orjson.loads(s)
+
+
+def _is_json(mimetype: str) -> bool:
+    return mimetype == JSON_MEDIA_TYPE or (mimetype.startswith("application/") and mimetype.endswith("+json"))
+
+
+def validation_errors(error: ValidationError) -> list[dict[str, str]]:
+    return [{"path": json_path(tuple(e["loc"])), "message": e["msg"]} for e in error.errors(include_url=False)]
+
+
+def parse_body(model: type[Model]) -> Model:
+    if not _is_json(request.mimetype):
+        shown = request.mimetype or "none"
+        raise UnsupportedMediaType(f"send the body as {JSON_MEDIA_TYPE} (Content-Type was {shown})")
+    raw = request.get_data(cache=False)  # over MAX_CONTENT_LENGTH: werkzeug raises 413 here
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise MalformedJson(f"the body is not valid JSON: {error}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        errors = validation_errors(error)
+        raise RequestValidationFailed(f"the request body has {len(errors)} problem(s)", errors) from None
+
+
+class InvalidParameter(ServiceError):
+    code = "invalid-parameter"
+
+
+class InvalidHeaderValue(ServiceError):
+    code = "invalid-header"
+
+
+def flag(name: str) -> bool:
+    """A boolean query parameter (``?explain=true``; also 1/yes and false/0/no); else 400."""
+    raw = request.args.get(name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise InvalidParameter(f"{name} must be true or false, got {raw!r}")

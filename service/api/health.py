@@ -1,0 +1,68 @@
+"""Operations: ``/healthz`` (the process answers; no store needed), ``/readyz`` (the store
+answers), ``/metrics`` (Prometheus), ``/openapi.yaml`` (the contract), and the request
+instrumentation behind the metrics."""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+
+from flask import Blueprint, Flask, Response, g, request
+
+from service.metrics import REQUEST_SECONDS, REQUESTS, render
+from service.store import StoreUnavailable
+
+from .context import services
+from .encoding import json_response
+from .problems import problem_response
+
+bp = Blueprint("health", __name__)
+
+
+@bp.get("/healthz")
+def healthz() -> Response:
+    return json_response({"status": "ok"}, headers={"Cache-Control": "no-store"})
+
+
+@bp.get("/readyz")
+def readyz() -> Response:
+    try:
+        services().store.ping()
+    except StoreUnavailable as error:
+        return problem_response("store-unavailable", f"the session store does not answer: {error}",
+                                headers={"Retry-After": str(services().settings.retry_after_seconds)})
+    return json_response({"status": "ready"}, headers={"Cache-Control": "no-store"})
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    body, content_type = render()
+    return Response(body, content_type=content_type)
+
+
+@bp.get("/openapi.yaml")
+def openapi() -> Response:
+    return Response(openapi_text(), content_type="application/yaml")
+
+
+def openapi_text() -> bytes:
+    """The contract shipped inside the package (service/openapi.yaml; the repo root's
+    openapi.yaml is a link to it), so ``pip install .`` serves the same file."""
+    return resources.files("service").joinpath("openapi.yaml").read_bytes()
+
+
+def instrument(app: Flask) -> None:
+    """Count and time every request by route template (bounded label values, not raw paths)."""
+
+    @app.before_request
+    def _start() -> None:
+        g.request_started = time.perf_counter()
+
+    @app.after_request
+    def _record(response: Response) -> Response:
+        started = g.pop("request_started", None)
+        route = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
+        REQUESTS.labels(route, request.method, str(response.status_code)).inc()
+        if started is not None:
+            REQUEST_SECONDS.labels(route, request.method).observe(time.perf_counter() - started)
+        return response

@@ -1,0 +1,81 @@
+"""``/v1/sessions``: create, read, delete a session; post observations to it.
+
+Every session response carries ``ETag: "<version>"``; ``If-Match`` is honoured on observations
+and delete (412 on a stale tag, except for a replay of observations already applied, which
+RFC 9110 §13.1.1 allows to answer 200).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flask import Blueprint, Response, request, url_for
+
+from schemas.api import ObservationsRequest, SessionCreate
+from service.sessions import SessionResult
+
+from .context import sessions, tenant
+from .encoding import InvalidHeaderValue, flag, json_response, parse_body
+
+bp = Blueprint("sessions", __name__, url_prefix="/v1/sessions")
+
+IDEMPOTENCY_KEY_MAX = 255
+
+
+def _etag(version: int) -> str:
+    return f'"{version}"'
+
+
+def _if_match() -> Callable[[int], bool] | None:
+    if "If-Match" not in request.headers:
+        return None
+    tags = request.if_match  # werkzeug's parse: "*", strong and weak tags
+
+    def matches(version: int) -> bool:
+        return tags.star_tag or tags.contains(str(version))  # strong comparison (RFC 9110 §13.1.1)
+
+    return matches
+
+
+def _idempotency_key() -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not (0 < len(key) <= IDEMPOTENCY_KEY_MAX) or not key.isascii() or not key.isprintable():
+        raise InvalidHeaderValue(f"Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters")
+    return key
+
+
+def _respond(result: SessionResult, status: int = 200) -> Response:
+    headers = {"ETag": _etag(result.version), "Cache-Control": "no-store"}
+    if status == 201:
+        headers["Location"] = url_for(".show", session_id=result.state.session_id)
+    if result.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return json_response(result.state, status, headers=headers)
+
+
+@bp.post("")
+def create() -> Response:
+    request_body = parse_body(SessionCreate)
+    result = sessions().create(request_body, _idempotency_key(), tenant(), explain=flag("explain"))
+    return _respond(result, 201)
+
+
+@bp.get("/<session_id>")
+def show(session_id: str) -> Response:
+    return _respond(sessions().get(session_id, tenant(), explain=flag("explain")))
+
+
+@bp.delete("/<session_id>")
+def delete(session_id: str) -> Response:
+    sessions().delete(session_id, tenant(), if_match=_if_match())
+    return Response(status=204)
+
+
+@bp.post("/<session_id>/observations")
+def observe(session_id: str) -> Response:
+    posted = parse_body(ObservationsRequest)
+    result = sessions().observe(session_id, posted.labelled(), tenant(), if_match=_if_match(),
+                                explain=flag("explain"))
+    return _respond(result)

@@ -1,0 +1,42 @@
+"""The application factory: ``create_app(config)`` builds one Flask app with its own settings,
+store and blueprints. Nothing is connected at import time; gunicorn calls
+``service.app:create_app()`` in each worker."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Flask
+
+from service.sessions import Sessions
+from service.settings import Settings, load_settings
+from service.store import SessionStore, create_store
+
+from .api import health, instances, select, sessions
+from .api.context import EXTENSION, Services
+from .api.encoding import OrjsonProvider
+from .api.problems import register_problems
+
+
+def create_app(config: Settings | dict[str, Any] | None = None, *, store: SessionStore | None = None) -> Flask:
+    """``config``: a :class:`Settings`, a dict of overrides (keys as the environment variables,
+    any case), or None for the environment alone. ``store``: inject one (tests); by default the
+    settings choose (Redis when ``REDIS_URL`` is set, else in memory)."""
+    settings = load_settings(config)
+    logging.getLogger("service").setLevel(settings.log_level)
+
+    app = Flask(__name__)
+    app.json = OrjsonProvider(app)
+    app.config.update(MAX_CONTENT_LENGTH=settings.max_body_bytes, JSON_SORT_KEYS=False)
+    if store is None:
+        store = create_store(settings.redis_url, session_ttl=settings.session_ttl, key_prefix=settings.key_prefix,
+                             instance_cache_bytes=settings.instance_cache_bytes)
+    domain = Sessions(store, session_ttl=settings.session_ttl, max_cells=settings.max_cells)
+    app.extensions[EXTENSION] = Services(settings=settings, store=store, sessions=domain)
+
+    register_problems(app, retry_after_seconds=settings.retry_after_seconds)
+    health.instrument(app)
+    for blueprint in (instances.bp, sessions.bp, select.bp, health.bp):
+        app.register_blueprint(blueprint)
+    return app

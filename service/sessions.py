@@ -1,0 +1,326 @@
+"""The session domain: a stored :class:`SessionRecord` plus its :class:`CompiledInstance` in,
+the wire state out. HTTP handlers parse, call one method here, and serialise.
+
+A session stores only facts — the observations by label, in order — and everything else (the
+version space, the class posterior, the next test) is recomputed from them by the engine, so any
+worker can serve any session and a replayed observation is naturally a no-op.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+
+import numpy as np
+
+from schemas.api import (
+    Candidate,
+    HistoryEntry,
+    InstanceSummary,
+    NextTest,
+    SelectRequest,
+    SessionCreate,
+    SessionState,
+    StepConfig,
+    StepState,
+)
+from schemas.instance import Instance
+from service import engine
+from service.errors import (
+    ConcurrentUpdate,
+    IdempotencyKeyReused,
+    InstanceExpired,
+    InstanceNotFound,
+    PreconditionFailed,
+    SessionDone,
+    SessionNotFound,
+)
+from service.metrics import OBSERVATIONS_APPLIED, SELECTION_SECONDS, SESSIONS_CREATED
+from service.store import DEFAULT_TENANT, SessionRecord, SessionStore, VersionConflict
+
+# Compare-and-set attempts before answering 409 concurrent-update. Re-applying is safe: the
+# observations are facts keyed by test, so a retry after losing sees its own work as a no-op.
+CAS_ATTEMPTS = 5
+EXPLAIN_CANDIDATES = 5
+# Session ids carry 144 random bits (issue 6 asks for at least 128).
+SESSION_ID_BYTES = 18
+
+Labelled = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class SessionResult:
+    state: SessionState
+    version: int  # the ETag of the session's representation
+    created: bool = False
+    replayed: bool = False
+
+
+def instance_summary(inst: engine.CompiledInstance) -> InstanceSummary:
+    return InstanceSummary(instance_id=inst.content_hash, kind=inst.kind, n_hypotheses=inst.n_hypotheses,
+                           n_tests=inst.n_tests, n_classes=inst.n_classes, warnings=list(inst.warnings))
+
+
+class _StepCache:
+    """A small per-process LRU of computed steps keyed by everything a step depends on
+    (instance, policy, stop rules, seed, observations). A POST of an observation needs the state
+    before it (is the session done?) and after it; the one before is usually the step this
+    worker answered last time, so it is not computed twice."""
+
+    def __init__(self, capacity: int = 2048):
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple, StepState] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> StepState | None:
+        with self._lock:
+            state = self._entries.get(key)
+            if state is not None:
+                self._entries.move_to_end(key)
+            return state
+
+    def put(self, key: tuple, state: StepState) -> None:
+        with self._lock:
+            self._entries[key] = state
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+
+
+class Sessions:
+    """Instances and sessions over one :class:`SessionStore`."""
+
+    def __init__(self, store: SessionStore, *, session_ttl: int, max_cells: int,
+                 clock: Callable[[], float] = time.time):
+        self.store = store
+        self.session_ttl = session_ttl
+        self.max_cells = max_cells
+        self.clock = clock
+        self._steps = _StepCache()
+
+    # --- instances ----------------------------------------------------------------------
+
+    def compile(self, instance: Instance) -> engine.CompiledInstance:
+        return engine.compile_instance(instance, max_cells=self.max_cells)
+
+    def register_instance(self, instance: Instance, tenant: str = DEFAULT_TENANT) -> tuple[InstanceSummary, bool]:
+        """Compile and store under the content hash; True when it was not stored before."""
+        compiled = self.compile(instance)
+        created = self.store.put_instance(compiled, tenant)
+        return instance_summary(compiled), created
+
+    def instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> engine.CompiledInstance:
+        compiled = self.store.get_instance(instance_id, tenant)
+        if compiled is None:
+            raise InstanceNotFound(f"no instance '{instance_id}' (unknown, or expired)")
+        return compiled
+
+    def _instance_of(self, config: StepConfig, tenant: str, store_inline: bool) -> engine.CompiledInstance:
+        if config.instance is None:
+            return self.instance(config.instance_id, tenant)  # type: ignore[arg-type]
+        compiled = self.compile(config.instance)
+        if store_inline:
+            self.store.put_instance(compiled, tenant)
+        return compiled
+
+    def _instance_of_session(self, record: SessionRecord) -> engine.CompiledInstance:
+        compiled = self.store.get_instance(record.instance_id, record.tenant)
+        if compiled is None:
+            raise InstanceExpired(
+                f"session '{record.session_id}' refers to instance '{record.instance_id}', which has "
+                "expired; post the instance again and start a new session"
+            )
+        return compiled
+
+    # --- sessions -----------------------------------------------------------------------
+
+    def create(self, request: SessionCreate, idempotency_key: str | None = None,
+               tenant: str = DEFAULT_TENANT, explain: bool = False) -> SessionResult:
+        compiled = self._instance_of(request, tenant, store_inline=True)
+        policy = engine.resolve_policy(compiled, request.policy).name
+        now = self.clock()
+        record = SessionRecord(
+            session_id=secrets.token_urlsafe(SESSION_ID_BYTES), instance_id=compiled.content_hash,
+            policy=policy, max_tests=request.max_tests,
+            max_cost=None if request.max_cost is None else float(request.max_cost),
+            confidence=None if request.confidence is None else float(request.confidence),
+            seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
+        )
+        state = self._state(record, compiled, explain)  # before storing: nothing is kept on failure
+        self.store.create_session(record)
+        if idempotency_key is None:
+            SESSIONS_CREATED.inc()
+            return SessionResult(state, record.version, created=True)
+        bound = self.store.claim_idempotency_key(idempotency_key, record.session_id, tenant)
+        if bound is None:
+            SESSIONS_CREATED.inc()
+            return SessionResult(state, record.version, created=True)
+        # A retry: the key already made a session. Drop ours and answer with that one.
+        self.store.delete_session(record.session_id, tenant)
+        earlier = self.store.get_session(bound, tenant)
+        if earlier is None:
+            raise IdempotencyKeyReused(
+                "the session this Idempotency-Key created was deleted or has expired; use a new key")
+        if _config_of(earlier) != _config_of(record):
+            raise IdempotencyKeyReused(
+                f"this Idempotency-Key already created session '{bound}' with a different request")
+        return SessionResult(self._state(earlier, self._instance_of_session(earlier), explain),
+                             earlier.version, created=True, replayed=True)
+
+    def get(self, session_id: str, tenant: str = DEFAULT_TENANT, explain: bool = False) -> SessionResult:
+        record = self._record(session_id, tenant)
+        return SessionResult(self._state(record, self._instance_of_session(record), explain), record.version)
+
+    def delete(self, session_id: str, tenant: str = DEFAULT_TENANT,
+               if_match: Callable[[int], bool] | None = None) -> None:
+        if if_match is not None:
+            # Not atomic with the delete (the contract has no conditional delete); a delete racing
+            # a write still removes the session, which is what the client asked for.
+            if not if_match(self._record(session_id, tenant).version):
+                raise PreconditionFailed("If-Match does not name the session's current version")
+        if not self.store.delete_session(session_id, tenant):
+            raise SessionNotFound(f"no session '{session_id}' (unknown, expired or deleted)")
+
+    def observe(self, session_id: str, labelled: Sequence[tuple[str, str]], tenant: str = DEFAULT_TENANT,
+                if_match: Callable[[int], bool] | None = None, explain: bool = False) -> SessionResult:
+        """Record observations in order, all or nothing, by compare-and-set on the version.
+
+        Re-posting what is already recorded is a no-op; the same test with another outcome is a
+        conflict; anything new after the session stopped is refused; an observation that
+        contradicts every surviving hypothesis is refused and nothing is stored."""
+        for _ in range(CAS_ATTEMPTS):
+            record = self._record(session_id, tenant)
+            compiled = self._instance_of_session(record)
+            fresh = self._new_observations(compiled, record, labelled)
+            if if_match is not None and not if_match(record.version) and fresh:
+                # RFC 9110 §13.1.1: a change that has already been applied may answer 2xx.
+                raise PreconditionFailed(
+                    f"If-Match does not name the session's current version (\"{record.version}\")")
+            if not fresh:
+                return SessionResult(self._state(record, compiled, explain), record.version)
+            observations = record.observations
+            for observation in fresh:
+                if self._step(record, compiled, observations).done:
+                    raise SessionDone(
+                        f"the session stopped ({self._step(record, compiled, observations).stop_reason}) "
+                        f"before '{observation[0]}' was observed; start a new session to go on")
+                observations = (*observations, observation)
+                self._step(record, compiled, observations)  # raises InconsistentObservation
+            updated = replace(record.with_observations(observations), expires_at=self.clock() + self.session_ttl)
+            try:
+                self.store.update_session(updated, expected_version=record.version)
+            except VersionConflict:
+                continue
+            OBSERVATIONS_APPLIED.inc(len(fresh))
+            return SessionResult(self._state(updated, compiled, explain), updated.version)
+        raise ConcurrentUpdate("the session kept changing while this update was applied; retry")
+
+    def select(self, request: SelectRequest, tenant: str = DEFAULT_TENANT, explain: bool = False) -> StepState:
+        """The step for observations the client keeps itself; nothing is stored."""
+        compiled = self._instance_of(request, tenant, store_inline=False)
+        policy = engine.resolve_policy(compiled, request.policy).name
+        parsed = engine.parse_observations(compiled, [(o.test, o.outcome) for o in request.observations])
+        observations = tuple((compiled.test_ids[t], compiled.outcome_labels[t][k]) for t, k in parsed)
+        rules = engine.StopRules(request.max_tests, None if request.max_cost is None else float(request.max_cost),
+                                 None if request.confidence is None else float(request.confidence))
+        state = self._compute(compiled, policy, rules, request.seed, observations)
+        return _with_candidates(state, explain)
+
+    # --- the steps ----------------------------------------------------------------------
+
+    def _record(self, session_id: str, tenant: str) -> SessionRecord:
+        record = self.store.get_session(session_id, tenant)
+        if record is None:
+            raise SessionNotFound(f"no session '{session_id}' (unknown, expired or deleted)")
+        return record
+
+    @staticmethod
+    def _new_observations(compiled: engine.CompiledInstance, record: SessionRecord,
+                          labelled: Sequence[tuple[str, str]]) -> Labelled:
+        """The posted observations not yet recorded, with canonical labels. Raises the engine's
+        UnknownTest / UnknownOutcome / ConflictingObservation (positions as posted)."""
+        parsed = engine.parse_observations(compiled, labelled)
+        recorded = dict(record.observations)
+        fresh = []
+        for t, k in parsed:
+            test, outcome = compiled.test_ids[t], compiled.outcome_labels[t][k]
+            if test in recorded:
+                if recorded[test] != outcome:
+                    raise engine.ConflictingObservation(
+                        f"test '{test}' was already observed as '{recorded[test]}' in this session")
+                continue
+            fresh.append((test, outcome))
+        return tuple(fresh)
+
+    def _step(self, record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> StepState:
+        rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence)
+        return self._compute(compiled, record.policy, rules, record.seed, observations)
+
+    def _compute(self, compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
+                 observations: Labelled) -> StepState:
+        key = (compiled.content_hash, policy, rules, seed, observations)
+        state = self._steps.get(key)
+        if state is None:
+            with SELECTION_SECONDS.time():
+                parsed = engine.parse_observations(compiled, observations)
+                decision = engine.next_step(compiled, parsed, policy, rules, seed)
+            state = _step_state(compiled, policy, decision)
+            self._steps.put(key, state)
+        return state
+
+    def _state(self, record: SessionRecord, compiled: engine.CompiledInstance, explain: bool) -> SessionState:
+        step = _with_candidates(self._step(record, compiled, record.observations), explain)
+        return SessionState(session_id=record.session_id, expires_at=_rfc3339(record.expires_at),
+                            **{name: getattr(step, name) for name in StepState.model_fields})
+
+
+def _config_of(record: SessionRecord) -> tuple:
+    return (record.instance_id, record.policy, record.max_tests, record.max_cost, record.confidence, record.seed)
+
+
+def _rfc3339(unix_seconds: float) -> str:
+    return datetime.fromtimestamp(unix_seconds, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _with_candidates(state: StepState, explain: bool) -> StepState:
+    if explain:
+        return state
+    return state.model_copy(update={"candidates": None})
+
+
+def _step_state(compiled: engine.CompiledInstance, policy: str, decision: engine.Decision) -> StepState:
+    belief = decision.belief
+    posterior = belief.class_posterior
+    order = np.argsort(-posterior, kind="stable")  # most probable first; ties in instance order
+    order = order[posterior[order] > 0]
+    history = [
+        HistoryEntry(test=compiled.test_ids[t], outcome=compiled.outcome_labels[t][k], cost=float(compiled.costs[t]))
+        for t, k in belief.observations
+    ]
+    next_test = None
+    if decision.next_test is not None:
+        t = decision.next_test
+        next_test = NextTest(id=compiled.test_ids[t], cost=float(compiled.costs[t]),
+                             outcomes=list(compiled.outcome_labels[t]))
+    scores = decision.scores
+    scored = np.flatnonzero(~np.isnan(scores))
+    best = scored[np.argsort(-scores[scored], kind="stable")][:EXPLAIN_CANDIDATES]
+    return StepState(
+        policy=policy,
+        step=len(belief.observations),
+        next_test=next_test,
+        done=decision.done,
+        stop_reason=None if decision.stop_reason is None else str(decision.stop_reason),
+        cost_spent=float(belief.cost_spent),
+        history=history,
+        class_posterior={compiled.class_labels[i]: float(posterior[i]) for i in order},
+        map_class=compiled.class_labels[int(order[0])],
+        version_space_size=int(belief.alive.size) if compiled.kind == "deterministic" else None,
+        candidates=[Candidate(test=compiled.test_ids[t], score=float(scores[t]), cost=float(compiled.costs[t]))
+                    for t in best],
+    )

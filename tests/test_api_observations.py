@@ -1,0 +1,175 @@
+"""POST /v1/sessions/{sid}/observations: every rule, and that a refused request leaves the stored
+session exactly as it was."""
+
+from __future__ import annotations
+
+import pytest
+
+from api_support import QUAD, TRIAGE, Delegating, assert_problem, new_session, observe, stored
+from service.app import create_app
+from service.store import StoreUnavailable, VersionConflict, create_store
+
+
+@pytest.fixture
+def quad(client):
+    return new_session(client, QUAD)["session_id"]
+
+
+def test_a_batch_is_applied_in_order(client, quad):
+    response = observe(client, quad, {"observations": [{"test": "b", "outcome": "1"}, {"test": "a", "outcome": "0"}]})
+    assert response.status_code == 200 and response.headers["ETag"] == '"2"'
+    state = response.get_json()
+    assert [h["test"] for h in state["history"]] == ["b", "a"]
+    assert state["done"] and state["map_class"] == "Y"
+    assert stored(client.application, quad).observations == (("b", "1"), ("a", "0"))
+
+
+def test_reposting_a_recorded_observation_is_a_no_op(client, quad):
+    first = observe(client, quad, {"test": "a", "outcome": "0"})
+    before = stored(client.application, quad)
+    again = observe(client, quad, {"test": "a", "outcome": "0"})
+    assert again.status_code == 200 and again.headers["ETag"] == first.headers["ETag"] == '"2"'
+    assert again.get_json()["history"] == first.get_json()["history"]
+    assert stored(client.application, quad) == before
+    # A batch mixing a recorded one and a new one applies only the new one.
+    mixed = observe(client, quad, {"observations": [{"test": "a", "outcome": "0"}, {"test": "b", "outcome": "0"}]})
+    assert mixed.status_code == 200 and mixed.get_json()["step"] == 2
+    assert stored(client.application, quad).version == before.version + 1
+
+
+def test_replaying_the_last_observation_after_done_is_still_a_no_op(client, quad):
+    observe(client, quad, {"test": "a", "outcome": "1"})  # class Z: done
+    before = stored(client.application, quad)
+    response = observe(client, quad, {"test": "a", "outcome": "1"})
+    assert response.status_code == 200 and response.get_json()["done"]
+    assert stored(client.application, quad) == before
+
+
+@pytest.mark.parametrize("posted, status, code", [
+    ({"test": "a", "outcome": "1"}, 409, "conflicting-observation"),  # a was observed as 0
+    ({"test": "zz", "outcome": "1"}, 422, "unknown-test"),
+    ({"test": "b", "outcome": "7"}, 422, "unknown-outcome"),
+    ({"test": "c", "outcome": "1"}, 409, "inconsistent"),  # a=0 and c=1: no hypothesis left
+    ({"observations": [{"test": "b", "outcome": "0"}, {"test": "zz", "outcome": "0"}]}, 422, "unknown-test"),
+    ({"observations": [{"test": "b", "outcome": "0"}, {"test": "b", "outcome": "1"}]}, 409, "conflicting-observation"),
+    ({"observations": [{"test": "a", "outcome": "0"}, {"test": "c", "outcome": "1"}]}, 409, "inconsistent"),
+    ({"observations": [{"test": "b", "outcome": "0"}, {"test": "c", "outcome": "0"}]}, 409, "session-done"),
+    ({"test": "b"}, 422, "validation-error"),
+    ({"test": "b", "outcome": "0", "observations": [{"test": "b", "outcome": "0"}]}, 422, "validation-error"),
+    ({"observations": []}, 422, "validation-error"),
+    ({"test": "b", "outcome": ""}, 422, "validation-error"),
+    ({"test": "b", "outcome": True}, 422, "validation-error"),
+])
+def test_refused_observations_leave_the_session_unchanged(client, quad, posted, status, code):
+    observe(client, quad, {"test": "a", "outcome": "0"})
+    before = stored(client.application, quad)
+    assert_problem(observe(client, quad, posted), status, code)
+    assert stored(client.application, quad) == before
+    assert client.get(f"/v1/sessions/{quad}").headers["ETag"] == '"2"'
+
+
+@pytest.mark.parametrize("posted", [
+    {"test": "b", "outcome": "0"},
+    # All or nothing: the batch's first observation would be fine on its own.
+    {"observations": [{"test": "a", "outcome": "1"}, {"test": "b", "outcome": "0"}]},
+])
+def test_anything_new_after_done_is_409(client, quad, posted):
+    if "observations" not in posted:
+        observe(client, quad, {"test": "a", "outcome": "1"})
+    before = stored(client.application, quad)
+    assert_problem(observe(client, quad, posted), 409, "session-done")
+    assert stored(client.application, quad) == before
+
+
+def test_if_match(client, quad):
+    stale = observe(client, quad, {"test": "a", "outcome": "0"}, headers={"If-Match": '"1"'})
+    assert stale.status_code == 200 and stale.headers["ETag"] == '"2"'
+    before = stored(client.application, quad)
+    assert_problem(observe(client, quad, {"test": "b", "outcome": "0"}, headers={"If-Match": '"1"'}),
+                   412, "precondition-failed")
+    assert_problem(observe(client, quad, {"test": "b", "outcome": "0"}, headers={"If-Match": 'W/"2"'}),
+                   412, "precondition-failed")  # weak tags never match strongly
+    assert stored(client.application, quad) == before
+    # A retry of an applied change with the old tag: already done, so 200 (RFC 9110 §13.1.1).
+    replay = observe(client, quad, {"test": "a", "outcome": "0"}, headers={"If-Match": '"1"'})
+    assert replay.status_code == 200 and stored(client.application, quad) == before
+    assert observe(client, quad, {"test": "c", "outcome": "0"}, headers={"If-Match": '"5", "2"'}).status_code == 200
+    assert observe(client, quad, {"test": "b", "outcome": "0"}, headers={"If-Match": "*"}).status_code == 200
+
+
+# --- faults injected under the store contract --------------------------------------------
+
+
+def _app_over(app_config, wrapper):
+    inner = create_store(app_config["redis_url"], session_ttl=3600, key_prefix=app_config["key_prefix"])
+    return create_app(app_config, store=wrapper(inner))
+
+
+def test_an_expired_instance_is_410_and_the_session_is_kept(app_config):
+    class Forgetful(Delegating):
+        forgotten: set[str] = set()
+
+        def get_instance(self, instance_id, tenant="public"):
+            return None if instance_id in self.forgotten else super().get_instance(instance_id, tenant)
+
+    app = _app_over(app_config, Forgetful)
+    client = app.test_client()
+    session = new_session(client)
+    before = stored(app, session["session_id"])
+    Forgetful.forgotten = {before.instance_id}
+    assert_problem(client.get(f"/v1/sessions/{session['session_id']}"), 410, "instance-expired")
+    assert_problem(observe(client, session["session_id"], {"test": "ecg", "outcome": "normal"}), 410,
+                   "instance-expired")
+    assert stored(app, session["session_id"]) == before
+
+
+def test_lost_compare_and_set_is_retried(app_config):
+    class LosesOnce(Delegating):
+        losses = 1
+
+        def update_session(self, record, expected_version):
+            if self.losses:
+                self.losses -= 1
+                raise VersionConflict("another worker won")
+            return super().update_session(record, expected_version)
+
+    app = _app_over(app_config, LosesOnce)
+    client = app.test_client()
+    sid = new_session(client)["session_id"]
+    response = observe(client, sid, {"test": "ecg", "outcome": "normal"})
+    assert response.status_code == 200
+    assert stored(app, sid).observations == (("ecg", "normal"),)
+
+
+def test_always_losing_compare_and_set_is_409_and_nothing_changes(app_config):
+    class AlwaysLoses(Delegating):
+        def update_session(self, record, expected_version):
+            raise VersionConflict("another worker won")
+
+    app = _app_over(app_config, AlwaysLoses)
+    client = app.test_client()
+    sid = new_session(client)["session_id"]
+    before = stored(app, sid)
+    assert_problem(observe(client, sid, {"test": "ecg", "outcome": "normal"}), 409, "concurrent-update")
+    assert stored(app, sid) == before
+
+
+def test_store_unavailable_is_503_with_retry_after(app_config):
+    class Down(Delegating):
+        down = False
+
+        def get_session(self, session_id, tenant="public"):
+            if self.down:
+                raise StoreUnavailable("connection refused")
+            return super().get_session(session_id, tenant)
+
+    app = _app_over(app_config, Down)
+    client = app.test_client()
+    sid = new_session(client)["session_id"]
+    before = stored(app, sid)
+    Down.down = True
+    response = observe(client, sid, {"test": "ecg", "outcome": "normal"})
+    assert_problem(response, 503, "store-unavailable")
+    assert response.headers["Retry-After"] == "1"
+    Down.down = False
+    assert stored(app, sid) == before
