@@ -1,0 +1,126 @@
+"""``edgecut evaluate INSTANCE.json``: expected and worst-case cost of policies, gap to the exact
+optimum, accuracy, how runs end — as a table, markdown, or JSON (docs/evaluation.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from schemas.instance import Instance, json_path
+from service import engine
+from service.evaluation import EvaluationLimits, default_policies, evaluate, format_tables, work_units
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "evaluate", help="compare policies on an instance: expected cost, worst case, optimum",
+        description="Evaluate policies on an instance file (wire format, docs/instances.md). "
+        "Deterministic instances are evaluated exactly; likelihood instances by seeded Monte Carlo.",
+    )
+    parser.add_argument("instance", type=Path, help="instance JSON file")
+    parser.add_argument("--policies", type=_names, default=None,
+                        help="comma-separated policy names (default: every policy that applies)")
+    add_stop_rules(parser)
+    parser.add_argument("--samples", type=int, default=2000,
+                        help="Monte Carlo runs per policy, likelihood instances (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo runs (default 0)")
+    parser.add_argument("--method", choices=("auto", "exact", "monte_carlo"), default="auto",
+                        help="auto: exact when deterministic, else Monte Carlo")
+    parser.add_argument("--no-optimum", action="store_true", help="skip the dynamic programme")
+    parser.add_argument("--max-dp-states", type=int, default=EvaluationLimits.max_dp_states,
+                        help="version spaces the optimum may memoise before giving up "
+                        f"(default {EvaluationLimits.max_dp_states})")
+    parser.add_argument("--format", choices=("table", "markdown", "json"), default="table",
+                        help="what to print on stdout (default table)")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                        help="also write a comparison plot (PNG or SVG by suffix)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run)
+
+
+def add_stop_rules(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tests", type=int, default=None, help="stop after this many tests")
+    parser.add_argument("--max-cost", type=float, default=None, help="never spend more than this")
+    parser.add_argument("--confidence", type=float, default=None,
+                        help="stop when a class reaches this posterior (likelihood default 0.95)")
+
+
+def stop_rules(args: argparse.Namespace) -> engine.StopRules:
+    return engine.StopRules(max_tests=args.max_tests, max_cost=args.max_cost, confidence=args.confidence)
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+class CommandError(Exception):
+    """A message for the user, printed as ``edgecut: error: …`` with exit status 2."""
+
+
+def load_instance(path: Path) -> engine.CompiledInstance:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise CommandError(f"cannot read {path}: {error.strerror}") from error
+    try:
+        instance = Instance.model_validate_json(text)
+    except ValidationError as error:
+        lines = [f"{path} is not a valid instance:"]
+        for problem in error.errors()[:20]:
+            where = json_path(tuple(problem["loc"])) or "(top level)"
+            lines.append(f"  {where}: {problem['msg']}")
+        raise CommandError("\n".join(lines)) from error
+    return engine.compile_instance(instance)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        inst = load_instance(args.instance)
+        policies = args.policies or default_policies(inst)
+        samples = args.samples
+        limits = EvaluationLimits(max_dp_states=args.max_dp_states)
+        total = work_units(inst, len(policies), samples, args.method)
+        with _progress(total, args.no_progress) as bar:
+            report = evaluate(inst, policies, stop_rules(args), samples=samples, seed=args.seed,
+                              method=args.method, optimum=not args.no_optimum, limits=limits,
+                              progress=bar.update if bar is not None else None)
+        if args.plot is not None:
+            from service.evaluation.plots import comparison_plot
+
+            comparison_plot(report, args.plot, title=args.instance.stem if args.instance.stem != "instance"
+                            else args.instance.parent.name)
+    except (CommandError, engine.EngineError) as error:
+        print(f"edgecut: error: {error}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        json.dump(report.to_dict(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_tables(report, markdown=args.format == "markdown"))
+    if args.plot is not None:
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+class _progress:
+    """A tqdm bar on stderr for long runs (hidden when stderr is not a terminal, so pipes and
+    CI logs stay clean)."""
+
+    def __init__(self, total: int, disabled: bool):
+        self.total, self.disabled, self.bar = total, disabled, None
+
+    def __enter__(self):
+        if self.disabled:
+            return None
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.total, unit="run", desc="evaluating", disable=None, leave=False)
+        return self.bar
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()

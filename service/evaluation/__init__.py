@@ -1,0 +1,17 @@
+"""Evaluating and exporting policies (pure Python/numpy, no Flask): expected and worst-case
+cost, gap to the exact optimum, decision trees as JSON / DOT / SVG / PNG, comparison plots.
+See docs/evaluation.md."""
+
+from .report import (
+    ClassCost,
+    EvaluationLimitExceeded,
+    EvaluationLimits,
+    EvaluationReport,
+    PolicyEvaluation,
+    default_policies,
+    evaluate,
+    format_tables,
+    work_units,
+)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

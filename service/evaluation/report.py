@@ -1,0 +1,427 @@
+"""How good is a policy on an instance, before anyone is tested with it.
+
+For each policy: the expected cost c(π) and expected number of tests over the prior, the worst
+case, the cost per class, how runs end (determined, or stopped early and why), the accuracy of the
+MAP class, and — where the dynamic programme fits — the ratio c(π)/c(π*) to the exact optimum,
+shown beside EC²'s guarantee 2 ln(1/p_min) + 1 (Theorem 2 of Golovin, Krause & Ray 2010).
+
+* Deterministic instances are evaluated **exactly**: the policy's decision tree is walked once
+  (:func:`service.engine.policy_tree`); a leaf reached with prior mass P(V_leaf) contributes
+  P(V_leaf) · cost(path). No sampling, no error bars.
+* Likelihood instances cannot be walked to the end (every outcome stays possible), so they are
+  evaluated by **seeded Monte Carlo**: true hypotheses drawn from the prior, answers drawn from
+  P(x | h, t) by :func:`service.engine.run_policy`, with 95 % confidence intervals.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from service.engine import (
+    POLICIES,
+    CompiledInstance,
+    InfeasibleComputation,
+    StopReason,
+    StopRules,
+    TreeNode,
+    log_p_min_bound,
+    optimal_expected_cost,
+    policy_tree,
+    resolve_policy,
+    run_policy,
+)
+
+# Two-sided 95 % normal quantile, for the Monte Carlo intervals.
+Z_95 = 1.959963984540054
+
+Progress = Callable[[int], None]  # called with the number of work units just finished
+
+
+class EvaluationLimitExceeded(InfeasibleComputation):
+    """The evaluation asked for more work than the configured limits allow (samples, time)."""
+
+    code = "evaluation-limit"
+
+
+@dataclass(frozen=True)
+class EvaluationLimits:
+    """Bounds on one evaluation; the HTTP layer sets them from its settings, the CLI is generous."""
+
+    max_samples: int = 1_000_000
+    max_tree_nodes: int = 200_000
+    max_dp_states: int = 50_000
+    time_limit: float | None = None  # seconds of wall clock for the whole evaluation
+
+
+@dataclass(frozen=True)
+class ClassCost:
+    """The cost paid when the true hypothesis lies in one class."""
+
+    label: str
+    probability: float  # P(class) under the prior
+    mean_cost: float
+    min_cost: float
+    max_cost: float
+    mean_tests: float
+    accuracy: float  # share of that class's mass whose MAP class at the stop is the class
+
+
+@dataclass(frozen=True)
+class PolicyEvaluation:
+    policy: str
+    method: str  # "exact" or "monte_carlo"
+    expected_cost: float
+    expected_tests: float
+    worst_case_cost: float  # Monte Carlo: the largest cost seen
+    worst_case_tests: int
+    accuracy: float  # P(MAP class at the stop = true class)
+    stop_reasons: dict[str, float]  # stop reason -> share of runs (probability mass)
+    per_class: list[ClassCost]
+    # Monte Carlo only: sample size and 95 % intervals (normal for the means, Wilson for accuracy).
+    samples: int | None = None
+    expected_cost_ci: tuple[float, float] | None = None
+    expected_tests_ci: tuple[float, float] | None = None
+    accuracy_ci: tuple[float, float] | None = None
+    # accuracy_by_tests[k]: P(MAP class after min(k, tests run) tests = true class), k = 0, 1, ...
+    accuracy_by_tests: list[float] | None = None
+    ratio_to_optimum: float | None = None
+    nodes: int | None = None  # exact only: size of the walked tree
+
+    @property
+    def determined_share(self) -> float:
+        return self.stop_reasons.get(StopReason.DETERMINED.value, 0.0)
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    instance_kind: str
+    n_hypotheses: int
+    n_tests: int
+    n_classes: int
+    p_min: float
+    rules: dict[str, float | int | None]
+    seed: int
+    policies: list[PolicyEvaluation]
+    # The exact optimum c(π*) (deterministic instances, when the DP fits), or why it is missing.
+    optimum: float | None = None
+    optimum_note: str | None = None
+    # EC²'s guarantee factor 2 ln(1/p_min) + 1 (deterministic instances).
+    ec2_bound: float | None = None
+    elapsed_seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        """Plain JSON types only (tuples become lists, NaN never appears)."""
+        out = asdict(self)
+        for evaluation, policy in zip(out["policies"], self.policies):
+            evaluation["determined_share"] = policy.determined_share
+        return out
+
+
+def default_policies(inst: CompiledInstance) -> list[str]:
+    """Every registered policy that applies to the instance's kind, in registry order."""
+    return [name for name, p in POLICIES.items() if inst.kind == "deterministic" or not p.deterministic_only]
+
+
+def evaluate(
+    inst: CompiledInstance,
+    policies: Sequence[str] | None = None,
+    rules: StopRules = StopRules(),
+    *,
+    samples: int = 2000,
+    seed: int = 0,
+    method: str = "auto",
+    optimum: bool = True,
+    limits: EvaluationLimits = EvaluationLimits(),
+    progress: Progress | None = None,
+) -> EvaluationReport:
+    """Evaluate ``policies`` (names; default: all that apply) on ``inst`` under ``rules``.
+
+    ``method``: "exact" (tree walk; deterministic instances only), "monte_carlo", or "auto"
+    (exact when deterministic). The same ``seed`` gives the same report; each policy sees the
+    same true hypotheses and, sample by sample, the same answer stream (common random numbers),
+    so differences between policies are not sampling noise in the choice of patients.
+    """
+    started = time.monotonic()
+    deadline = started + limits.time_limit if limits.time_limit is not None else None
+    names = list(policies) if policies else default_policies(inst)
+    resolved = [resolve_policy(inst, name) for name in names]  # refuse unknown names up front
+    if method == "auto":
+        method = "exact" if inst.kind == "deterministic" else "monte_carlo"
+    if method == "exact" and inst.kind != "deterministic":
+        raise InfeasibleComputation(
+            "exact evaluation walks the policy tree to its leaves, which exists for deterministic "
+            "instances only; use Monte Carlo for a likelihood instance"
+        )
+    if method not in ("exact", "monte_carlo"):
+        raise ValueError(f"unknown evaluation method '{method}'")
+    if method == "monte_carlo" and not 1 <= samples <= limits.max_samples:
+        raise EvaluationLimitExceeded(f"samples must be between 1 and {limits.max_samples} (max_samples)")
+
+    results: list[PolicyEvaluation] = []
+    if method == "exact":
+        for policy in resolved:
+            _check_deadline(deadline, limits)
+            tree = policy_tree(inst, policy, rules, seed, max_nodes=limits.max_tree_nodes)
+            results.append(_from_tree(inst, policy.name, tree))
+            if progress:
+                progress(1)
+    else:
+        truths = np.random.default_rng(seed).choice(inst.n_hypotheses, size=samples, p=inst.prior)
+        for policy in resolved:
+            results.append(_monte_carlo(inst, policy, rules, seed, truths, deadline, limits, progress))
+
+    opt, note, bound = None, None, None
+    if inst.kind == "deterministic":
+        bound = log_p_min_bound(inst)
+        if optimum:
+            _check_deadline(deadline, limits)
+            try:
+                opt = optimal_expected_cost(inst, max_states=limits.max_dp_states)
+            except InfeasibleComputation as error:
+                note = str(error)
+        else:
+            note = "not computed"
+        if opt is not None and opt > 0:
+            results = [_with_ratio(r, r.expected_cost / opt) for r in results]
+    else:
+        note = "the exact optimum is defined for deterministic instances only"
+
+    return EvaluationReport(
+        instance_kind=inst.kind,
+        n_hypotheses=inst.n_hypotheses,
+        n_tests=inst.n_tests,
+        n_classes=inst.n_classes,
+        p_min=inst.p_min,
+        rules={"max_tests": rules.max_tests, "max_cost": rules.max_cost,
+               "confidence": rules.effective_confidence(inst)},
+        seed=seed,
+        policies=results,
+        optimum=opt,
+        optimum_note=note,
+        ec2_bound=bound,
+        elapsed_seconds=time.monotonic() - started,
+    )
+
+
+def work_units(inst: CompiledInstance, n_policies: int, samples: int, method: str = "auto") -> int:
+    """How many ``progress`` units an evaluation reports: one per policy (exact) or per run."""
+    exact = method == "exact" or (method == "auto" and inst.kind == "deterministic")
+    return n_policies if exact else n_policies * samples
+
+
+def _check_deadline(deadline: float | None, limits: EvaluationLimits) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise EvaluationLimitExceeded(
+            f"the evaluation did not finish within the {limits.time_limit:g} s limit (time_limit); "
+            "ask for fewer samples or fewer policies"
+        )
+
+
+def _with_ratio(result: PolicyEvaluation, ratio: float) -> PolicyEvaluation:
+    return replace(result, ratio_to_optimum=ratio)
+
+
+def _from_tree(inst: CompiledInstance, name: str, tree: TreeNode) -> PolicyEvaluation:
+    """Exact figures from the leaves. On a deterministic instance a leaf's class masses are the
+    prior masses P(H_i ∩ V_leaf); they sum to the leaf's probability, and over all leaves to 1."""
+    leaves = list(tree.leaves())
+    mass = np.stack([leaf.belief.class_mass for leaf in leaves])  # (L, C)
+    cost = np.array([leaf.cost for leaf in leaves])
+    depth = np.array([leaf.depth for leaf in leaves], dtype=float)
+    reasons = [_reason(leaf) for leaf in leaves]
+    leaf_mass = mass.sum(axis=1)
+    # MAP at the leaf is right exactly for the mass of the leaf's heaviest class.
+    correct = mass.max(axis=1)
+    return PolicyEvaluation(
+        policy=name,
+        method="exact",
+        expected_cost=float(leaf_mass @ cost),
+        expected_tests=float(leaf_mass @ depth),
+        worst_case_cost=float(cost.max()),
+        worst_case_tests=int(depth.max()),
+        accuracy=float(correct.sum()),
+        stop_reasons=_shares(reasons, leaf_mass),
+        per_class=_per_class(inst, mass, cost, depth, correct_mass=_map_mass(mass)),
+        nodes=sum(1 for _ in tree.nodes()),
+    )
+
+
+def _map_mass(mass: np.ndarray) -> np.ndarray:
+    """(L, C) → the part of each class's mass at each leaf that the leaf's MAP class gets right."""
+    correct = np.zeros_like(mass)
+    rows = np.arange(mass.shape[0])
+    top = mass.argmax(axis=1)
+    correct[rows, top] = mass[rows, top]
+    return correct
+
+
+def _per_class(inst: CompiledInstance, weight: np.ndarray, cost: np.ndarray, tests: np.ndarray,
+               correct_mass: np.ndarray) -> list[ClassCost]:
+    """``weight`` (runs, C): how much of each class each run (leaf or sample) carries."""
+    total = weight.sum(axis=0)  # (C,)
+    present = weight > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_cost = (cost @ weight) / total
+        mean_tests = (tests @ weight) / total
+        accuracy = correct_mass.sum(axis=0) / total
+    low = np.where(present, cost[:, None], np.inf).min(axis=0)
+    high = np.where(present, cost[:, None], -np.inf).max(axis=0)
+    grand = total.sum()
+    out = []
+    for c, label in enumerate(inst.class_labels):
+        if total[c] <= 0:
+            continue  # a class the prior (or the sample) never produces
+        out.append(ClassCost(label, float(total[c] / grand), float(mean_cost[c]), float(low[c]),
+                             float(high[c]), float(mean_tests[c]), float(accuracy[c])))
+    return out
+
+
+def _reason(leaf: TreeNode) -> str:
+    reason = leaf.decision.stop_reason
+    return reason.value if reason is not None else "unfinished"
+
+
+def _shares(reasons: Sequence[str], weight: np.ndarray) -> dict[str, float]:
+    labels, index = np.unique(np.array(reasons, dtype=object).astype(str), return_inverse=True)
+    share = np.bincount(index.reshape(-1), weights=weight, minlength=len(labels)) / weight.sum()
+    # Ordered as the engine orders its stop reasons (determined first).
+    order = {r.value: i for i, r in enumerate(StopReason)}
+    pairs = sorted(zip(labels.tolist(), share.tolist()), key=lambda p: order.get(p[0], len(order)))
+    return {label: value for label, value in pairs}
+
+
+def _monte_carlo(inst, policy, rules, seed, truths, deadline, limits, progress) -> PolicyEvaluation:
+    samples = truths.size
+    cost = np.empty(samples)
+    tests = np.empty(samples)
+    reasons: list[str] = []
+    trajectories: list[tuple[int, ...]] = []
+    tick = max(1, samples // 100)
+    for i, h in enumerate(truths.tolist()):
+        if i % tick == 0:
+            _check_deadline(deadline, limits)
+        # One generator per sample, keyed by (seed, sample): a policy's result does not depend on
+        # which other policies are evaluated, or in which order.
+        run = run_policy(inst, h, policy, rules, seed, rng=np.random.default_rng([seed, i]))
+        cost[i] = run.cost
+        tests[i] = len(run.observations)
+        reasons.append(run.stop_reason.value)
+        trajectories.append(run.map_classes)
+        if progress and (i + 1) % tick == 0:
+            progress(tick)
+    if progress and samples % tick:
+        progress(samples % tick)
+
+    true_class = inst.class_index[truths]
+    # MAP class after k tests, held at its final value once the run has stopped: (samples, K+1).
+    longest = max(len(t) for t in trajectories)
+    map_by_step = np.array([t + (t[-1],) * (longest - len(t)) for t in trajectories])
+    right_by_step = map_by_step == true_class[:, None]
+    right = right_by_step[:, -1]
+    one_hot = np.zeros((samples, inst.n_classes))
+    one_hot[np.arange(samples), true_class] = 1.0
+    accuracy = float(right.mean())
+    return PolicyEvaluation(
+        policy=policy.name,
+        method="monte_carlo",
+        expected_cost=float(cost.mean()),
+        expected_tests=float(tests.mean()),
+        worst_case_cost=float(cost.max()),
+        worst_case_tests=int(tests.max()),
+        accuracy=accuracy,
+        stop_reasons=_shares(reasons, np.ones(samples)),
+        per_class=_per_class(inst, one_hot, cost, tests, one_hot * right[:, None]),
+        samples=samples,
+        expected_cost_ci=_mean_interval(cost),
+        expected_tests_ci=_mean_interval(tests),
+        accuracy_ci=_wilson(accuracy, samples),
+        accuracy_by_tests=right_by_step.mean(axis=0).tolist(),
+    )
+
+
+def _mean_interval(values: np.ndarray) -> tuple[float, float]:
+    mean = float(values.mean())
+    if values.size < 2:
+        return (mean, mean)
+    half = Z_95 * float(values.std(ddof=1)) / math.sqrt(values.size)
+    return (mean - half, mean + half)
+
+
+def _wilson(p: float, n: int) -> tuple[float, float]:
+    """Wilson score interval: stays inside [0, 1] and is sensible at p = 0 or 1, unlike p ± z·se."""
+    z2 = Z_95 * Z_95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z_95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def format_tables(report: EvaluationReport, markdown: bool = False) -> str:
+    """The report as text: one row per policy, then the mean cost per class. ``markdown`` gives
+    pipe tables (docs/evaluation.md is made with it); otherwise aligned columns for a terminal."""
+    monte_carlo = any(p.method == "monte_carlo" for p in report.policies)
+    header = ["policy", "E[cost]", "E[tests]", "worst cost", "accuracy", "how runs end"]
+    if report.optimum is not None:
+        header.append("cost / OPT")
+    rows = []
+    for p in report.policies:
+        cost = _num(p.expected_cost)
+        if p.expected_cost_ci is not None:
+            cost += f" ± {_num((p.expected_cost_ci[1] - p.expected_cost_ci[0]) / 2)}"
+        accuracy = f"{p.accuracy:.1%}"
+        if p.accuracy_ci is not None:
+            accuracy += f" [{p.accuracy_ci[0]:.1%}, {p.accuracy_ci[1]:.1%}]"
+        ends = ", ".join(f"{reason} {share:.1%}" for reason, share in p.stop_reasons.items())
+        row = [p.policy, cost, _num(p.expected_tests), _num(p.worst_case_cost), accuracy, ends]
+        if report.optimum is not None:
+            row.append(_num(p.ratio_to_optimum) if p.ratio_to_optimum is not None else "-")
+        rows.append(row)
+    lines = [_table(header, rows, markdown)]
+
+    facts = [f"{report.instance_kind} instance: {report.n_hypotheses} hypotheses, "
+             f"{report.n_classes} classes, {report.n_tests} tests; p_min = {report.p_min:.4g}"]
+    if monte_carlo:
+        samples = report.policies[0].samples
+        facts.append(f"Monte Carlo, {samples} runs per policy, seed {report.seed}; ± is a 95 % interval")
+    else:
+        facts.append("exact: expected values from walking each policy's decision tree")
+    if report.optimum is not None:
+        facts.append(f"optimum OPT = {_num(report.optimum)} (dynamic programme)")
+    elif report.optimum_note:
+        facts.append(f"optimum: {report.optimum_note}")
+    if report.ec2_bound is not None:
+        facts.append(f"EC² guarantee: cost / OPT ≤ 2 ln(1/p_min) + 1 = {_num(report.ec2_bound)}")
+    rules = {k: v for k, v in report.rules.items() if v is not None}
+    if rules:
+        facts.append("stop rules: " + ", ".join(f"{k} = {v}" for k, v in rules.items()))
+    lines.append("\n".join(("- " if markdown else "  ") + f for f in facts))
+
+    classes = [c.label for c in report.policies[0].per_class] if report.policies else []
+    class_header = ["mean cost per class"] + [
+        f"{c.label} ({c.probability:.0%})" for c in report.policies[0].per_class] if classes else []
+    class_rows = [[p.policy] + [f"{_num(c.mean_cost)} [{_num(c.min_cost)}–{_num(c.max_cost)}]"
+                                for c in p.per_class] for p in report.policies]
+    if classes:
+        lines.append(_table(class_header, class_rows, markdown))
+    return "\n\n".join(lines) + "\n"
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.0f}"
+
+
+def _table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        out += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(out)
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+                     + [fmt.format(*row) for row in rows])
