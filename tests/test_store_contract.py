@@ -262,6 +262,9 @@ def test_codec_round_trips_and_keeps_results(payload):
     header, body = codec.encode(inst)
     decoded = codec.decode(header, body, expected_hash=inst.content_hash)
     assert_same_instance(decoded, inst)
+    if inst.likelihood is not None:
+        # Decoded in the engine's outcome-major layout: the α pass gets a view, not a copy.
+        assert np.shares_memory(decoded.likelihood_by_outcome, decoded.likelihood)
     # The decoded instance drives the engine to the same decision.
     assert engine.next_step(decoded).next_test == engine.next_step(inst).next_test
 
@@ -346,6 +349,7 @@ def test_redis_holds_json_and_raw_arrays_never_pickle(redis_env):
     # The body is exactly the arrays' little-endian bytes, back to back.
     expected = b"".join(np.ascontiguousarray(getattr(inst, d["name"]), dtype=d["dtype"]).tobytes()
                         for d in header["arrays"])
+    assert "likelihood_by_outcome" in [d["name"] for d in header["arrays"]]
     assert stored[b"body"] == expected
 
     state = raw.hgetall(store.session_key("s-1"))

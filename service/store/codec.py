@@ -1,7 +1,8 @@
 """CompiledInstance ⇄ (JSON header, raw array bytes). Never pickle.
 
 The header (orjson) holds the labels, the content hash and one descriptor per array
-(``name``, ``dtype``, ``shape``, ``offset``, ``nbytes``); the body is the arrays' little-endian
+(``name``, ``dtype``, ``shape``, ``offset``, ``nbytes``; the likelihood tensor is stored as
+``likelihood_by_outcome``, shape (n, ℓ, N)); the body is the arrays' little-endian
 bytes back to back, 8-byte-aligned ones first so every float64 view starts on an 8-byte
 boundary. Decoding trusts nothing it reads: each dtype must be the one that field may have, each
 shape must agree with the label counts, each byte range must be exactly where the header says,
@@ -26,11 +27,11 @@ _ALLOWED_DTYPES = {
     "costs": {"<f8"},
     "class_index": {"<i8"},
     "prior": {"<f8"},
-    "likelihood": {"<f8"},
+    "likelihood_by_outcome": {"<f8"},
     "outcomes": {"|u1", "<u2", "<u4", "<u8"},
 }
 # Encoding order: 8-byte items first, so offsets of float64 arrays stay multiples of 8.
-_ORDER = ("costs", "class_index", "prior", "likelihood", "outcomes")
+_ORDER = ("costs", "class_index", "prior", "likelihood_by_outcome", "outcomes")
 
 
 class CorruptInstance(ValueError):
@@ -43,7 +44,10 @@ def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
         "costs": instance.costs.astype("<f8", copy=False),
         "class_index": instance.class_index.astype("<i8", copy=False),
         "prior": instance.prior.astype("<f8", copy=False),
-        "likelihood": None if instance.likelihood is None else instance.likelihood.astype("<f8", copy=False),
+        # Stored outcome-major, (n, ℓ, N), the layout compile_instance keeps in memory: encoding
+        # is then a straight copy and the decoded tensor needs no re-layout for the α pass.
+        "likelihood_by_outcome": None if instance.likelihood is None
+        else instance.likelihood.transpose(0, 2, 1).astype("<f8", copy=False),
         "outcomes": None if instance.outcomes is None
         else instance.outcomes.astype(instance.outcomes.dtype.newbyteorder("<"), copy=False),
     }
@@ -96,8 +100,9 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         raise CorruptInstance("instance header label counts are inconsistent")
     width = max(len(o) for o in outcome_labels)
     expected_shapes = {"costs": (n_tests,), "class_index": (n,), "prior": (n,),
-                       "outcomes": (n, n_tests), "likelihood": (n, n_tests, None)}
-    wanted = {"costs", "class_index", "prior", "outcomes" if kind == "deterministic" else "likelihood"}
+                       "outcomes": (n, n_tests), "likelihood_by_outcome": (n, None, n_tests)}
+    wanted = {"costs", "class_index", "prior",
+              "outcomes" if kind == "deterministic" else "likelihood_by_outcome"}
     if kind not in ("deterministic", "likelihood"):
         raise CorruptInstance(f"unknown instance kind {kind!r}")
 
@@ -116,8 +121,8 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         want = expected_shapes[name]
         if len(shape) != len(want) or any(w is not None and s != w for s, w in zip(shape, want)):
             raise CorruptInstance(f"array {name!r} has shape {shape}, expected {want}")
-        if name == "likelihood" and shape[2] < width:
-            raise CorruptInstance(f"likelihood has {shape[2]} outcome columns, fewer than {width}")
+        if name == "likelihood_by_outcome" and shape[1] < width:
+            raise CorruptInstance(f"likelihood has {shape[1]} outcome columns, fewer than {width}")
         itemsize = np.dtype(dtype).itemsize
         if (not all(isinstance(s, int) and s >= 0 for s in shape) or offset != end
                 or nbytes != math.prod(shape) * itemsize or offset + nbytes > len(body)):
@@ -148,7 +153,8 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         class_index=class_index.astype(np.intp, copy=False),
         prior=arrays["prior"],
         outcomes=arrays.get("outcomes"),
-        likelihood=arrays.get("likelihood"),
+        likelihood=None if "likelihood_by_outcome" not in arrays
+        else arrays["likelihood_by_outcome"].transpose(0, 2, 1),
         warnings=warnings,
     )
     if instance.content_hash != stated_hash:
