@@ -349,3 +349,52 @@ def sample_outcome(model: Model, rng: random.Random, h: int, t: int) -> int:
         if u < acc and model.likelihood[h][t][k] > 0:
             return k
     return max(range(model.arity[t]), key=lambda k: model.likelihood[h][t][k])
+
+
+# --- whole runs and the optimum -------------------------------------------------------------
+
+
+def run(model: Model, truth: int, policy: str) -> float:
+    """The cost the greedy policy pays when ``truth`` is the true hypothesis (deterministic)."""
+    observations: list[Observation] = []
+    while True:
+        choice = decide(model, observations, policy)
+        if choice.test is None:
+            return sum(model.costs[t] for t, _ in observations)
+        observations.append((choice.test, model.outcomes[truth][choice.test]))
+
+
+def expected_cost(model: Model, policy: str) -> float:
+    """c(π) = Σ_h P(h) c(A(π, h)) (section 2), by playing every hypothesis."""
+    prior = model.normalised_prior()
+    return sum(prior[h] * run(model, h, policy) for h in range(model.n) if prior[h] > 0)
+
+
+def optimal_cost(model: Model) -> float:
+    """min over policies of the expected cost to pin the class, by exhaustive recursion.
+
+    OPT(V) = 0 when V is within one class or no test splits it (indistinguishable), else
+    min over tests t splitting V of c(t) + Σ_x P(V_x)/P(V) OPT(V_x)."""
+    prior = model.normalised_prior()
+    memo: dict[frozenset, float] = {}
+
+    def solve(members: frozenset) -> float:
+        if members in memo:
+            return memo[members]
+        best = 0.0
+        if len({model.classes[h] for h in members}) > 1:
+            options = []
+            mass = sum(prior[h] for h in members)
+            for t in range(model.n_tests):
+                parts: dict[int, set] = {}
+                for h in members:
+                    parts.setdefault(model.outcomes[h][t], set()).add(h)
+                if len(parts) > 1:
+                    options.append(model.costs[t] + sum(
+                        sum(prior[h] for h in part) / mass * solve(frozenset(part)) for part in parts.values()
+                    ))
+            best = min(options) if options else 0.0
+        memo[members] = best
+        return best
+
+    return solve(frozenset(h for h in range(model.n) if prior[h] > 0))

@@ -1,0 +1,191 @@
+"""The paper's own instances (section 3 and the appendix), and EC² against the exact optimum.
+
+Expected costs asserted here are formulas derived by hand in the comments, never numbers the
+engine produced. The engine breaks ties towards the earliest test in instance order, which turns
+the paper's "GBS may select tests 1, 2, …, n in order" into exactly what happens.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from schemas.instance import Instance
+from service import engine
+
+from tests import reference as ref
+
+
+def compile_rows(rows, classes, test_ids=None, priors=None):
+    """A deterministic wire instance: rows[h][t] is hypothesis h's outcome ('0'/'1'/…) on test t."""
+    test_ids = test_ids or [f"t{j}" for j in range(len(rows[0]))]
+    tests = [{"id": t, "outcomes": sorted({str(r[j]) for r in rows} | {"0", "1"})} for j, t in enumerate(test_ids)]
+    hypotheses = [
+        {"id": f"h{i}", "class": classes[i], "outcomes": {t: str(rows[i][j]) for j, t in enumerate(test_ids)}}
+        | ({"prior": priors[i]} if priors else {})
+        for i in range(len(rows))
+    ]
+    return engine.compile_instance(Instance.model_validate({"tests": tests, "hypotheses": hypotheses}))
+
+
+def tree_cost(inst, policy):
+    return engine.expected_cost(engine.policy_tree(inst, engine.POLICIES[policy]))
+
+
+def mean_run_cost(inst, policy):
+    """Σ_h P(h) · cost of run_policy against h: the definition of c(π) in section 2."""
+    return sum(
+        inst.prior[h] * engine.run_policy(inst, h, engine.POLICIES[policy]).cost for h in range(inst.n_hypotheses)
+    )
+
+
+# --- section 3: GBS ignores the classes -----------------------------------------------------
+
+
+def section3(n):
+    """Uniform prior over h1..hn; H1 = {h1..h(n-1)}, H2 = {hn}; test t answers [h = ht]."""
+    rows = [[int(i == t) for t in range(n)] for i in range(n)]
+    return compile_rows(rows, ["H1"] * (n - 1) + ["H2"])
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 8, 12, 20])
+def test_section3_ec2_pays_one_test_which_is_optimal(n):
+    inst = section3(n)
+    assert tree_cost(inst, "ec2") == pytest.approx(1.0, rel=1e-12)
+    first = engine.next_step(inst, [], "ec2").next_test
+    assert inst.test_ids[first] == f"t{n - 1}"  # the test that asks "is it hn?"
+    if n <= 8:
+        assert engine.optimal_expected_cost(inst) == pytest.approx(1.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 8, 12, 20])
+def test_section3_gbs_pays_about_n_over_2(n):
+    # Every test splits one hypothesis off the version space, so GBS sees a tie at every step and
+    # runs t1, t2, … in order. Truth h_t (t < n) is found by test t (cost t); truth hn is found
+    # once h1..h(n-1) are ruled out (cost n-1). With the uniform prior:
+    #   c(GBS) = (1/n)[Σ_{t=1}^{n-1} t + (n-1)] = (n-1)(n+2) / (2n)  ≈ n/2.
+    inst = section3(n)
+    expected = (n - 1) * (n + 2) / (2 * n)
+    assert tree_cost(inst, "gbs") == pytest.approx(expected, rel=1e-12)
+    assert mean_run_cost(inst, "gbs") == pytest.approx(expected, rel=1e-12)
+    assert expected >= (n - 1) / 2
+
+
+# --- the appendix: posterior-based policies loop over sequential tests -----------------------
+
+
+def appendix(q, dummies=3):
+    """2^q classes H_a = {h_(a,0), h_(a,1)}, uniform prior. Tests, in this order: t0 reveals v;
+    t_k (k = 1..q) answers [bit_k(a) = v]; seq_k (k = 1..2^q) answers [a = k]; dummies answer 0."""
+    m = 2**q
+    rows, classes = [], []
+    for a in range(1, m + 1):
+        for v in (0, 1):
+            row = [v]
+            row += [int(((a >> (k - 1)) & 1) == v) for k in range(1, q + 1)]
+            row += [int(a == k) for k in range(1, m + 1)]
+            row += [0] * dummies
+            rows.append(row)
+            classes.append(f"H{a}")
+    test_ids = ["t0"] + [f"t{k}" for k in range(1, q + 1)] + [f"seq{k}" for k in range(1, m + 1)]
+    test_ids += [f"dummy{k}" for k in range(dummies)]
+    return compile_rows(rows, classes, test_ids)
+
+
+@pytest.mark.parametrize("q", [1, 2, 3, 4, 5, 6])
+def test_appendix_ec2_costs_at_most_q_plus_1(q):
+    inst = appendix(q)
+    tree = engine.policy_tree(inst, engine.POLICIES["ec2"])
+    assert engine.worst_case_cost(tree) <= q + 1 + 1e-12
+    assert engine.expected_cost(tree) <= q + 1 + 1e-12
+    assert all(leaf.decision.stop_reason == engine.StopReason.DETERMINED for leaf in tree.leaves())
+
+
+@pytest.mark.parametrize("policy", ["infogain", "voi"])
+@pytest.mark.parametrize("q", [1, 2, 3, 4, 5, 6])
+def test_appendix_infogain_and_voi_pay_about_2_to_the_q_over_2(q, policy):
+    # t0, the bit tests and the dummies leave the class posterior uniform, so their gain is 0 for
+    # any posterior-based criterion; seq_k gains (it may reveal the class) and all live seq tests
+    # tie. The policy runs seq1, seq2, … until one answers 1, or all but one class are ruled out:
+    # with m = 2^q classes, truth in class a costs a (a < m) and class m costs m-1, so
+    #   c = (1/m)[Σ_{a=1}^{m-1} a + (m-1)] = (m-1)(m+2) / (2m)  ≈ 2^q / 2.
+    m = 2**q
+    expected = (m - 1) * (m + 2) / (2 * m)
+    inst = appendix(q)
+    assert tree_cost(inst, policy) == pytest.approx(expected, rel=1e-12)
+    if q >= 4:
+        # The gap the appendix proves, Ω(n / log n): here already above EC²'s q + 1.
+        assert expected > q + 1 >= tree_cost(inst, "ec2")
+
+
+def test_appendix_the_optimum_is_at_most_q_plus_1():
+    for q in (1, 2):
+        inst = appendix(q, dummies=1)
+        assert engine.optimal_expected_cost(inst) <= q + 1 + 1e-12
+
+
+# --- EC² against the exact optimum on random instances ---------------------------------------
+
+N_RANDOM = 120
+
+
+def small_model(seed):
+    return ref.random_model(random.Random(seed), "deterministic", max_hypotheses=8, max_tests=5)
+
+
+def compile_model(model):
+    return engine.compile_instance(Instance.model_validate(ref.to_payload(model)))
+
+
+def test_ec2_against_the_optimum_on_random_instances(record_property):
+    worst = (0.0, None, None)
+    for seed in range(N_RANDOM):
+        model = small_model(seed)
+        inst = compile_model(model)
+        greedy = tree_cost(inst, "ec2")
+        optimum = engine.optimal_expected_cost(inst)
+        if optimum == 0:
+            assert greedy == 0, seed  # nothing to separate: neither pays
+            continue
+        ratio = greedy / optimum
+        # No policy beats the optimum; a failure here means the DP or the tree walk is wrong.
+        assert ratio >= 1 - 1e-9, f"seed {seed}: EC² {greedy} below the optimum {optimum}"
+        prior = model.normalised_prior()
+        bound = 2 * math.log(1 / min(prior)) + 1
+        if ratio > worst[0]:
+            worst = (ratio, bound, seed)
+    ratio, bound, seed = worst
+    # Recorded, not asserted against: docs/engine.md quotes it.
+    print(f"\nEC² / OPT on {N_RANDOM} random instances: largest ratio {ratio:.4f} (seed {seed}), "
+          f"where 2 ln(1/p_min) + 1 = {bound:.2f}")
+    record_property("largest_ec2_opt_ratio", ratio)
+    assert ratio > 1  # the greedy is not optimal everywhere, so the comparison has teeth
+
+
+def test_the_optimum_and_ec2_costs_match_the_naive_reference():
+    for seed in range(40):
+        model = small_model(seed)
+        inst = compile_model(model)
+        assert engine.optimal_expected_cost(inst) == pytest.approx(ref.optimal_cost(model), rel=1e-9, abs=1e-12)
+        assert tree_cost(inst, "ec2") == pytest.approx(ref.expected_cost(model, "ec2"), rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("policy", ["ec2", "gbs", "infogain"])
+def test_the_tree_walk_equals_playing_every_hypothesis(policy):
+    for seed in range(30):
+        inst = compile_model(small_model(seed))
+        tree = engine.policy_tree(inst, engine.POLICIES[policy])
+        assert engine.expected_cost(tree) == pytest.approx(mean_run_cost(inst, policy), rel=1e-12, abs=1e-15)
+        assert sum(leaf.probability for leaf in tree.leaves()) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_the_optimum_refuses_beyond_its_limit():
+    model = ref.random_model(random.Random(3), "deterministic", max_hypotheses=40, max_tests=12)
+    model.outcomes = [[random.Random(h * 31 + t).randrange(2) for t in range(12)] for h in range(model.n)]
+    model.arity = [2] * 12
+    model.costs = [1.0] * 12
+    model.classes = [f"c{h % 4}" for h in range(model.n)]
+    with pytest.raises(engine.InfeasibleComputation, match="small instances"):
+        engine.optimal_expected_cost(compile_model(model), max_states=50)
