@@ -13,7 +13,7 @@ from service.sessions import Sessions
 from service.settings import Settings, load_settings
 from service.store import SessionStore, create_store
 
-from .api import health, instances, select, sessions
+from .api import evaluation, health, instances, select, sessions
 from .api.context import EXTENSION, Services
 from .api.encoding import OrjsonProvider
 from .api.problems import register_problems
@@ -37,6 +37,6 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
 
     register_problems(app, retry_after_seconds=settings.retry_after_seconds)
     health.instrument(app)
-    for blueprint in (instances.bp, sessions.bp, select.bp, health.bp):
+    for blueprint in (instances.bp, sessions.bp, select.bp, health.bp, evaluation.bp):
         app.register_blueprint(blueprint)
     return app

@@ -338,3 +338,67 @@ def test_cli_tree_writes_the_format_of_the_suffix_and_reports_errors(tmp_path, c
     broken.write_text('{"tests": [{"id": "a", "cost": -1}], "matrix": [[0]], "classes": ["x"]}')
     assert cli_main(["evaluate", str(broken)]) == 2
     assert "tests[0].cost" in capsys.readouterr().err
+
+
+# --- HTTP ---------------------------------------------------------------------------------------
+
+
+def post_instance(client, name: str) -> str:
+    response = client.post("/v1/instances", json=json.loads((EXAMPLES / name / "instance.json").read_text()))
+    assert response.status_code in (200, 201)
+    return response.get_json()["instance_id"]
+
+
+def test_http_evaluate_answers_the_report(client):
+    instance_id = post_instance(client, "gbs_bad")
+    response = client.post(f"/v1/instances/{instance_id}/evaluate", json={"policies": ["ec2", "gbs"]})
+    assert response.status_code == 200, response.get_json()
+    body = response.get_json()
+    assert body["instance_id"] == instance_id and body["optimum"] == pytest.approx(1.0)
+    ec2, gbs = body["policies"]
+    assert gbs["expected_cost"] == pytest.approx(sequential_search_cost(12))
+    assert ec2["determined_share"] == pytest.approx(1.0)
+
+
+def test_http_evaluate_is_seeded_and_refuses_past_its_limits(client):
+    instance_id = post_instance(client, "noisy")
+    url = f"/v1/instances/{instance_id}/evaluate"
+    first = client.post(url, json={"policies": ["gbs"], "samples": 50, "seed": 3}).get_json()
+    again = client.post(url, json={"policies": ["gbs"], "samples": 50, "seed": 3}).get_json()
+    assert first["policies"] == again["policies"]
+    too_many = client.post(url, json={"policies": ["gbs"], "samples": 10**9})
+    assert too_many.status_code == 422
+    assert too_many.get_json()["type"].endswith("evaluation-limit")
+    assert "max_samples" in too_many.get_json()["detail"]
+    assert client.post(url, json={"policies": ["ec2"]}).status_code == 422  # needs deterministic
+    assert client.post(url, json={"policies": []}).status_code == 422
+    assert client.post("/v1/instances/" + "0" * 64 + "/evaluate", json={}).status_code == 404
+
+
+def test_http_evaluate_stops_at_the_time_limit(client, monkeypatch):
+    from service.api import evaluation as api
+
+    monkeypatch.setitem(api.LIMIT_DEFAULTS, "evaluation_time_limit", 0.0)
+    instance_id = post_instance(client, "noisy")
+    response = client.post(f"/v1/instances/{instance_id}/evaluate", json={"policies": ["gbs"], "samples": 100})
+    assert response.status_code == 422 and "time_limit" in response.get_json()["detail"]
+
+
+def test_http_tree_in_each_format_with_size_limits(client, monkeypatch, schema_validator):
+    instance_id = post_instance(client, "triage")
+    url = f"/v1/instances/{instance_id}/tree"
+    document = client.get(url + "?policy=ec2&format=json")
+    assert document.status_code == 200 and document.mimetype == "application/json"
+    schema_validator.validate(document.get_json())
+    dot = client.get(url + "?policy=ec2&format=dot")
+    assert dot.mimetype == "text/vnd.graphviz" and pydot.graph_from_dot_data(dot.get_data(as_text=True))
+    assert client.get(url + "?format=pdf").status_code == 400
+    assert client.get(url + "?policy=nope").status_code == 422
+    from service.api import evaluation as api
+
+    monkeypatch.setitem(api.LIMIT_DEFAULTS, "tree_max_nodes", 5)
+    too_big = client.get(url + "?policy=ec2")
+    assert too_big.status_code == 422 and too_big.get_json()["type"].endswith("tree-too-large")
+    monkeypatch.setattr(trees.shutil, "which", lambda name: None)
+    missing = client.get(url + "?policy=ec2&format=svg&max_tests=1")
+    assert missing.status_code == 501 and "apt-get install graphviz" in missing.get_json()["detail"]

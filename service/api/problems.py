@@ -51,9 +51,12 @@ PROBLEMS: dict[str, tuple[int, str]] = {
     "unknown-policy": (422, "Unknown policy"),
     "policy-not-applicable": (422, "Policy not applicable"),
     "infeasible": (422, "Infeasible computation"),
+    "evaluation-limit": (422, "Evaluation beyond its limits"),
+    "tree-too-large": (422, "Policy tree too large"),
     "engine-error": (422, "Request refused"),
     "service-error": (400, "Request refused"),
     "internal-error": (500, "Internal server error"),
+    "graphviz-missing": (501, "Graphviz not installed"),
     "store-unavailable": (503, "Store unavailable"),
 }
 

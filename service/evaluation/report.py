@@ -56,6 +56,9 @@ class EvaluationLimits:
     max_tree_nodes: int = 200_000
     max_dp_states: int = 50_000
     time_limit: float | None = None  # seconds of wall clock for the whole evaluation
+    # n · N · (number of policies): the deadline is checked between tree walks and between Monte
+    # Carlo runs, so one walk or run must itself be small; this bounds it before anything starts.
+    max_policy_cells: int | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,13 @@ def evaluate(
         )
     if method not in ("exact", "monte_carlo"):
         raise ValueError(f"unknown evaluation method '{method}'")
+    work = inst.n_hypotheses * inst.n_tests * len(resolved)
+    if limits.max_policy_cells is not None and work > limits.max_policy_cells:
+        raise EvaluationLimitExceeded(
+            f"{inst.n_hypotheses} hypotheses × {inst.n_tests} tests × {len(resolved)} policies = {work} "
+            f"exceeds the limit of {limits.max_policy_cells} (max_policy_cells); evaluate fewer "
+            "policies at a time, or use the command line (edgecut evaluate)"
+        )
     if method == "monte_carlo" and not 1 <= samples <= limits.max_samples:
         raise EvaluationLimitExceeded(f"samples must be between 1 and {limits.max_samples} (max_samples)")
 

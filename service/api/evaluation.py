@@ -1,0 +1,126 @@
+"""``/v1/instances/{id}/evaluate`` and ``/v1/instances/{id}/tree``: how good a policy is on a
+stored instance, and its whole decision tree (service/evaluation, docs/evaluation.md).
+
+Long work is **bounded, not queued**: an evaluation runs inside the request with a wall-clock
+limit well under the worker timeout (and a cap on samples, on the optimum's DP states and on tree
+nodes); past a limit the request is refused with 422 and a detail naming the limit, so a worker
+is never held beyond it. Deterministic evaluations are exact and fast (a tree walk visits at most
+2n − 1 nodes); only large Monte Carlo runs meet the limit, and the CLI
+(``edgecut evaluate``) has no such limit for them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from flask import Blueprint, Response, request
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+from service import engine
+from service.errors import ServiceError
+from service.evaluation import EvaluationLimits, evaluate
+from service.evaluation import trees
+
+from .context import services, sessions, tenant
+from .encoding import InvalidParameter, json_response, parse_body
+
+bp = Blueprint("evaluation", __name__, url_prefix="/v1/instances")
+
+# Defaults of the limits; a Settings field of the same name (upper-case in the environment,
+# e.g. EVALUATION_TIME_LIMIT) overrides each one when the settings object defines it.
+LIMIT_DEFAULTS = {
+    # Seconds of work per evaluation request: well under gunicorn's 30 s worker timeout.
+    "evaluation_time_limit": 10.0,
+    "evaluation_max_samples": 20_000,
+    "evaluation_max_dp_states": 20_000,
+    # hypotheses × tests × policies per evaluation request (a 1000 × 100 instance, 7 policies).
+    "evaluation_max_policy_cells": 1_000_000,
+    "tree_max_nodes": 2_000,
+    "tree_max_depth": 6,
+}
+TREE_FORMATS = ("json", "dot", "svg", "png")
+MAX_POLICIES = 10
+
+
+class GraphvizUnavailable(ServiceError):
+    code = "graphviz-missing"
+
+
+class EvaluateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policies: Annotated[list[str], Field(min_length=1, max_length=MAX_POLICIES)] | None = None
+    max_tests: Annotated[StrictInt, Field(ge=0)] | None = None
+    max_cost: Annotated[float, Field(gt=0)] | None = None
+    confidence: Annotated[float, Field(gt=0, le=1)] | None = None
+    samples: Annotated[StrictInt, Field(ge=1)] = 2000
+    seed: Annotated[StrictInt, Field(ge=0)] = 0
+    optimum: StrictBool = True
+
+
+def _limit(name: str):
+    return getattr(services().settings, name, LIMIT_DEFAULTS[name])
+
+
+@bp.post("/<instance_id>/evaluate")
+def evaluate_policies(instance_id: str) -> Response:
+    body = parse_body(EvaluateRequest)
+    inst = sessions().instance(instance_id, tenant())
+    limits = EvaluationLimits(
+        max_samples=_limit("evaluation_max_samples"),
+        max_tree_nodes=2 * inst.n_hypotheses + 1,  # a deterministic tree never has more
+        max_dp_states=_limit("evaluation_max_dp_states"),
+        time_limit=_limit("evaluation_time_limit"),
+        max_policy_cells=_limit("evaluation_max_policy_cells"),
+    )
+    rules = engine.StopRules(max_tests=body.max_tests, max_cost=body.max_cost, confidence=body.confidence)
+    report = evaluate(inst, body.policies, rules, samples=body.samples, seed=body.seed,
+                      optimum=body.optimum, limits=limits)
+    return json_response({"instance_id": instance_id, **report.to_dict()})
+
+
+@bp.get("/<instance_id>/tree")
+def tree(instance_id: str) -> Response:
+    fmt = request.args.get("format", "json")
+    if fmt not in TREE_FORMATS:
+        raise InvalidParameter(f"format must be one of {', '.join(TREE_FORMATS)}, got {fmt!r}")
+    rules = engine.StopRules(
+        max_tests=_int_arg("max_tests"), max_cost=_float_arg("max_cost"), confidence=_float_arg("confidence"))
+    limits = trees.TreeLimits(max_nodes=_limit("tree_max_nodes"), max_depth=_limit("tree_max_depth"),
+                              render_timeout=_limit("evaluation_time_limit"))
+    depth = _int_arg("depth")
+    if depth is not None and depth > limits.max_depth:
+        raise engine.InfeasibleComputation(f"depth must be at most {limits.max_depth} (tree_max_depth)")
+    inst = sessions().instance(instance_id, tenant())
+    try:
+        data = trees.export_tree(inst, request.args.get("policy"), fmt, rules, _int_arg("seed") or 0, limits, depth)
+    except trees.GraphvizMissing as error:
+        raise GraphvizUnavailable(str(error)) from None
+    return Response(data, content_type=trees.MEDIA_TYPES[fmt] + ("; charset=utf-8" if fmt != "png" else ""))
+
+
+def _int_arg(name: str) -> int | None:
+    raw = request.args.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidParameter(f"{name} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise InvalidParameter(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _float_arg(name: str) -> float | None:
+    raw = request.args.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidParameter(f"{name} must be a number, got {raw!r}") from None
+    if not value > 0 or value == float("inf") or (name == "confidence" and value > 1):
+        bound = "in (0, 1]" if name == "confidence" else "a finite number > 0"
+        raise InvalidParameter(f"{name} must be {bound}, got {raw!r}")
+    return value
