@@ -196,7 +196,7 @@ def tree_to_dot(document: dict) -> str:
     title = (f"{document['policy']} policy tree — expected cost {_fmt(summary['expected_cost'])}, "
              f"expected tests {_fmt(summary['expected_tests'])}, worst case {_fmt(summary['worst_case_cost'])}")
     if document["truncated_at_depth"] is not None:
-        title += f" (cut at depth {document['truncated_at_depth']})"
+        title += f" (cut at depth {document['truncated_at_depth']}; figures of the cut tree)"
     lines = [
         "digraph policy_tree {",
         f"  graph [rankdir=TB, fontname=Helvetica, fontsize=12, labelloc=t, label={_quote(title)}];",
