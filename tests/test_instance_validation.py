@@ -1,0 +1,357 @@
+"""The wire contract: every rejection names its place; the two forms compile alike; defaults,
+noise models, max_flips expansion and the indistinguishable warning."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from schemas.instance import Instance, json_path
+from service import engine
+
+
+def per_hypothesis():
+    return {
+        "tests": [
+            {"id": "ecg", "cost": 2.0, "outcomes": ["normal", "abnormal"]},
+            {"id": "trop", "cost": 1.0, "outcomes": ["low", "high"]},
+        ],
+        "hypotheses": [
+            {"id": "mi", "class": "admit", "prior": 0.1, "outcomes": {"ecg": "abnormal", "trop": "high"}},
+            {"id": "angina", "class": "admit", "prior": 0.3, "outcomes": {"ecg": "abnormal", "trop": "low"}},
+            {"id": "reflux", "class": "home", "prior": 0.6, "outcomes": {"ecg": "normal", "trop": "low"}},
+        ],
+    }
+
+
+def columnar():
+    return {
+        "tests": [
+            {"id": "ecg", "cost": 2.0, "outcomes": ["normal", "abnormal"]},
+            {"id": "trop", "cost": 1.0, "outcomes": ["low", "high"]},
+        ],
+        "matrix": [[1, 1], [1, 0], [0, 0]],
+        "classes": ["admit", "admit", "home"],
+        "priors": [0.1, 0.3, 0.6],
+        "hypothesis_ids": ["mi", "angina", "reflux"],
+    }
+
+
+def noisy():
+    return {
+        "tests": [{"id": "ecg", "outcomes": ["normal", "abnormal"]}],
+        "hypotheses": [
+            {"id": "mi", "likelihoods": {"ecg": {"normal": 0.2, "abnormal": 0.8}}},
+            {"id": "reflux", "likelihoods": {"ecg": {"normal": 0.9, "abnormal": 0.1}}},
+        ],
+    }
+
+
+def noisy_columnar():
+    return {
+        "tests": [{"id": "ecg"}, {"id": "trop"}],
+        "likelihood_matrix": [[[0.2, 0.8], [0.5, 0.5]], [[0.9, 0.1], [0.3, 0.7]]],
+        "classes": ["a", "b"],
+    }
+
+
+def edit(base, change):
+    payload = copy.deepcopy(base() if callable(base) else base)
+    change(payload)
+    return payload
+
+
+def set_in(path, value):
+    def change(payload):
+        target = payload
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+    return change
+
+
+REJECTIONS = {
+    "duplicate test id": (edit(per_hypothesis, lambda p: p["tests"].append({"id": "ecg"})), "tests[2].id"),
+    "duplicate hypothesis id": (
+        edit(per_hypothesis, set_in(["hypotheses", 2, "id"], "mi")), "hypotheses[2].id"),
+    "duplicate columnar hypothesis id": (
+        edit(columnar, set_in(["hypothesis_ids", 1], "mi")), "hypothesis_ids[1]"),
+    "unknown test id in outcomes": (
+        edit(per_hypothesis, set_in(["hypotheses", 1, "outcomes", "xray"], "clear")), "hypotheses[1].outcomes.xray"),
+    "unknown test id in likelihoods": (
+        edit(noisy, set_in(["hypotheses", 1, "likelihoods", "xray"], {"a": 1.0})), "hypotheses[1].likelihoods.xray"),
+    "label outside the test's outcomes": (
+        edit(per_hypothesis, set_in(["hypotheses", 2, "outcomes", "ecg"], "weird")), "hypotheses[2].outcomes.ecg"),
+    "likelihood label outside the test's outcomes": (
+        edit(noisy, set_in(["hypotheses", 0, "likelihoods", "ecg"], {"normal": 0.2, "odd": 0.8})),
+        "hypotheses[0].likelihoods.ecg.odd"),
+    "matrix index outside the test's outcomes": (edit(columnar, set_in(["matrix", 2, 1], 2)), "matrix[2][1]"),
+    "negative matrix index": (edit(columnar, set_in(["matrix", 0, 0], -1)), "matrix[0][0]"),
+    "deterministic hypothesis missing a test": (
+        edit(per_hypothesis, lambda p: p["hypotheses"][1]["outcomes"].pop("trop")), "hypotheses[1].outcomes.trop"),
+    "negative prior": (edit(per_hypothesis, set_in(["hypotheses", 0, "prior"], -0.1)), "hypotheses[0].prior"),
+    "infinite prior": (edit(per_hypothesis, set_in(["hypotheses", 1, "prior"], math.inf)), "hypotheses[1].prior"),
+    "NaN prior": (edit(per_hypothesis, set_in(["hypotheses", 2, "prior"], math.nan)), "hypotheses[2].prior"),
+    "negative columnar prior": (edit(columnar, set_in(["priors", 2], -1)), "priors[2]"),
+    "NaN columnar prior": (edit(columnar, set_in(["priors", 1], math.nan)), "priors[1]"),
+    "priors all zero": (
+        edit(per_hypothesis, lambda p: [h.update(prior=0) for h in p["hypotheses"]]), "hypotheses"),
+    "columnar priors all zero": (edit(columnar, set_in(["priors"], [0, 0.0, 0])), "priors"),
+    "prior missing for one hypothesis": (
+        edit(per_hypothesis, lambda p: p["hypotheses"][1].pop("prior")), "hypotheses[1].prior"),
+    "zero cost": (edit(per_hypothesis, set_in(["tests", 1, "cost"], 0)), "tests[1].cost"),
+    "negative cost": (edit(per_hypothesis, set_in(["tests", 0, "cost"], -2.0)), "tests[0].cost"),
+    "infinite cost": (edit(per_hypothesis, set_in(["tests", 0, "cost"], math.inf)), "tests[0].cost"),
+    "NaN cost": (edit(per_hypothesis, set_in(["tests", 1, "cost"], math.nan)), "tests[1].cost"),
+    "likelihoods not summing to 1": (
+        edit(noisy, set_in(["hypotheses", 1, "likelihoods", "ecg"], {"normal": 0.9, "abnormal": 0.2})),
+        "hypotheses[1].likelihoods.ecg"),
+    "likelihood row just outside 1e-6": (
+        edit(noisy, set_in(["hypotheses", 0, "likelihoods", "ecg"], {"normal": 0.2, "abnormal": 0.8 + 2e-6})),
+        "hypotheses[0].likelihoods.ecg"),
+    "negative likelihood": (
+        edit(noisy, set_in(["hypotheses", 0, "likelihoods", "ecg"], {"normal": -0.2, "abnormal": 1.2})),
+        "hypotheses[0].likelihoods.ecg.normal"),
+    "likelihood matrix cell not summing to 1": (
+        edit(noisy_columnar, set_in(["likelihood_matrix", 1, 0], [0.5, 0.6])), "likelihood_matrix[1][0]"),
+    "no tests": (edit(per_hypothesis, set_in(["tests"], [])), "tests"),
+    "no hypotheses": (edit(per_hypothesis, set_in(["hypotheses"], [])), "hypotheses"),
+    "no matrix rows": (
+        edit(columnar, lambda p: p.update(matrix=[], classes=[], priors=None, hypothesis_ids=None)), "matrix"),
+    "ragged matrix": (edit(columnar, set_in(["matrix", 1], [1])), "matrix[1]"),
+    "ragged likelihood matrix (tests)": (
+        edit(noisy_columnar, set_in(["likelihood_matrix", 0], [[0.2, 0.8]])), "likelihood_matrix[0]"),
+    "ragged likelihood matrix (outcomes)": (
+        edit(noisy_columnar, set_in(["likelihood_matrix", 1, 1], [0.2, 0.3, 0.5])), "likelihood_matrix[1][1]"),
+    "classes of the wrong length": (edit(columnar, set_in(["classes"], ["admit", "home"])), "classes"),
+}
+
+
+@pytest.mark.parametrize("payload,path", REJECTIONS.values(), ids=REJECTIONS.keys())
+def test_every_rejection_names_its_place(payload, path):
+    with pytest.raises(ValidationError) as refused:
+        Instance.model_validate(payload)
+    paths = [json_path(error["loc"]) for error in refused.value.errors()]
+    assert path in paths, f"expected an error at {path}, got {paths}"
+
+
+def test_the_base_payloads_are_valid():
+    # Otherwise every rejection above would pass for the wrong reason.
+    for base in (per_hypothesis, columnar, noisy, noisy_columnar):
+        Instance.model_validate(base())
+
+
+def test_json_path_spells_locations_like_the_issue():
+    assert json_path(("hypotheses", 3, "outcomes", "ecg")) == "hypotheses[3].outcomes.ecg"
+    assert json_path(("likelihood_matrix", 1, 0)) == "likelihood_matrix[1][0]"
+
+
+# --- the two forms, labels and defaults ---------------------------------------------------------
+
+
+def compile_payload(payload, **options):
+    return engine.compile_instance(Instance.model_validate(payload), **options)
+
+
+def test_both_forms_compile_to_the_same_arrays_and_hash():
+    rows = compile_payload(per_hypothesis())
+    cols = compile_payload(columnar())
+    assert rows.hypothesis_ids == cols.hypothesis_ids == ("mi", "angina", "reflux")
+    assert rows.outcome_labels == cols.outcome_labels
+    assert np.array_equal(rows.outcomes, cols.outcomes) and rows.outcomes.dtype == cols.outcomes.dtype
+    assert np.array_equal(rows.prior, cols.prior) and np.array_equal(rows.costs, cols.costs)
+    assert np.array_equal(rows.class_index, cols.class_index) and rows.class_labels == cols.class_labels
+    assert rows.content_hash == cols.content_hash
+    # The hash is of the content: a different prior is a different instance.
+    changed = edit(columnar, set_in(["priors", 0], 0.2))
+    assert compile_payload(changed).content_hash != cols.content_hash
+
+
+def test_both_likelihood_forms_compile_to_the_same_tensor_and_hash():
+    rows = {
+        "tests": [{"id": "ecg", "outcomes": ["0", "1"]}, {"id": "trop", "outcomes": ["0", "1"]}],
+        "hypotheses": [
+            {"id": "0", "class": "a", "likelihoods": {"ecg": {"0": 0.2, "1": 0.8}, "trop": {"0": 0.5, "1": 0.5}}},
+            {"id": "1", "class": "b", "likelihoods": {"ecg": {"0": 0.9, "1": 0.1}, "trop": {"0": 0.3, "1": 0.7}}},
+        ],
+    }
+    a, b = compile_payload(rows), compile_payload(noisy_columnar())
+    assert np.array_equal(a.likelihood, b.likelihood) and a.content_hash == b.content_hash
+    assert b.likelihood[1, 1, 1] == pytest.approx(0.7)
+
+
+def test_the_compiled_matrix_uses_the_smallest_unsigned_dtype():
+    assert compile_payload(columnar()).outcomes.dtype == np.uint8
+    wide = {"tests": [{"id": "t"}], "matrix": [[300], [0]], "classes": ["a", "b"]}
+    assert compile_payload(wide).outcomes.dtype == np.uint16
+
+
+def test_hypotheses_are_stored_grouped_by_class_keeping_their_order():
+    payload = edit(per_hypothesis, lambda p: p["hypotheses"].insert(1, p["hypotheses"].pop(2)))
+    inst = compile_payload(payload)  # given order: mi (admit), reflux (home), angina (admit)
+    assert inst.hypothesis_ids == ("mi", "angina", "reflux")
+    assert list(inst.class_index) == [0, 0, 1]
+
+
+def test_integer_labels_are_accepted_as_decimal_strings():
+    payload = {
+        "tests": [{"id": 7, "outcomes": [0, 1, 10]}],
+        "hypotheses": [{"id": 1, "class": 2, "outcomes": {"7": 10}}, {"id": 2, "outcomes": {"7": 0}}],
+    }
+    inst = compile_payload(payload)
+    assert inst.test_ids == ("7",) and inst.outcome_labels == (("0", "1", "10"),)
+    assert set(inst.hypothesis_ids) == {"1", "2"} and set(inst.class_labels) == {"2"}
+    assert inst.outcomes[inst.hypothesis_ids.index("1"), 0] == 2
+    # Booleans are not integers to a user.
+    with pytest.raises(ValidationError):
+        Instance.model_validate({"tests": [{"id": True}], "hypotheses": [{"id": "x", "outcomes": {"True": "a"}}]})
+
+
+def test_defaults_class_is_the_id_prior_uniform_cost_1_outcomes_sorted():
+    payload = {
+        "tests": [{"id": "colour"}],
+        "hypotheses": [
+            {"id": "x", "outcomes": {"colour": "red"}},
+            {"id": "y", "outcomes": {"colour": "blue"}},
+            {"id": "z", "outcomes": {"colour": "green"}},
+        ],
+    }
+    inst = compile_payload(payload)
+    assert inst.class_labels == ("x", "y", "z")  # plain identification: each hypothesis its own class
+    assert np.array_equal(inst.prior, np.full(3, 1 / 3))
+    assert list(inst.costs) == [1.0]
+    assert inst.outcome_labels == (("blue", "green", "red"),)
+    assert list(inst.outcomes[:, 0]) == [2, 0, 1]
+
+
+def test_given_priors_are_normalised():
+    payload = edit(per_hypothesis, lambda p: [h.update(prior=10 * h["prior"]) for h in p["hypotheses"]])
+    assert compile_payload(payload).prior == pytest.approx([0.1, 0.3, 0.6], rel=1e-15)
+
+
+# --- noise -----------------------------------------------------------------------------------
+
+
+def test_noise_gives_symmetric_likelihoods():
+    payload = {
+        "tests": [{"id": "t", "outcomes": ["a", "b", "c"]}, {"id": "u", "outcomes": ["x", "y"], "error_rate": 0.1}],
+        "hypotheses": [{"id": "h", "outcomes": {"t": "b", "u": "x"}}, {"id": "g", "outcomes": {"t": "a", "u": "y"}}],
+        "noise": 0.3,
+    }
+    inst = compile_payload(payload)
+    assert inst.kind == "likelihood" and inst.outcomes is None
+    h = inst.hypothesis_ids.index("h")
+    # P(stated) = 1 - ε; the other ℓ - 1 outcomes share ε. The per-test error_rate wins over noise.
+    assert inst.likelihood[h, 0, :3] == pytest.approx([0.15, 0.7, 0.15])
+    assert inst.likelihood[h, 1, :2] == pytest.approx([0.9, 0.1])
+    assert inst.likelihood[h, 1, 2] == 0.0  # u has two outcomes; the padding column stays empty
+    assert engine.resolve_policy(inst, None).name == "effecxtive"
+
+
+def test_a_zero_noise_rate_keeps_the_instance_deterministic():
+    assert compile_payload(edit(per_hypothesis, lambda p: p.update(noise=0))).kind == "deterministic"
+
+
+def test_noise_on_given_likelihoods_is_refused():
+    with pytest.raises(ValidationError) as refused:
+        Instance.model_validate(edit(noisy, lambda p: p.update(noise=0.1)))
+    assert "noise" in [json_path(e["loc"]) for e in refused.value.errors()]
+
+
+# --- max_flips: section 3's noisy copies -------------------------------------------------------
+
+
+def brute_force_copies(row, widths, k):
+    """Every outcome vector within Hamming distance k of ``row``."""
+    return {
+        vector for vector in itertools.product(*(range(w) for w in widths))
+        if sum(a != b for a, b in zip(vector, row)) <= k
+    }
+
+
+@pytest.mark.parametrize("max_flips", [0, 1, 2, 3])
+def test_max_flips_expands_every_hypothesis_into_its_noisy_copies(max_flips):
+    widths = [2, 3, 2, 4]
+    rows = [[0, 2, 1, 3], [1, 0, 0, 0]]
+    payload = {
+        "tests": [{"id": f"t{j}", "outcomes": [str(k) for k in range(w)]} for j, w in enumerate(widths)],
+        "matrix": rows, "classes": ["a", "b"], "priors": [0.25, 0.75], "hypothesis_ids": ["p", "q"],
+        "max_flips": max_flips,
+    }
+    inst = compile_payload(payload)
+    for h, name in enumerate(["p", "q"]):
+        members = [i for i, hid in enumerate(inst.hypothesis_ids) if hid == name or hid.startswith(name + "~")]
+        expected = brute_force_copies(rows[h], widths, max_flips)
+        assert len(members) == len(expected) == engine.count_noisy_copies(np.array(widths), max_flips)
+        assert {tuple(int(x) for x in inst.outcomes[i]) for i in members} == expected
+        assert {inst.class_labels[inst.class_index[i]] for i in members} == {"ab"[h]}
+        # With no error rate every copy shares the hypothesis' prior equally.
+        assert inst.prior[members] == pytest.approx(np.full(len(members), [0.25, 0.75][h] / len(members)))
+    assert inst.kind == "deterministic"
+
+
+def test_max_flips_weights_copies_by_the_error_rate():
+    payload = {
+        "tests": [{"id": "t0"}, {"id": "t1"}],
+        "matrix": [[0, 0], [1, 1]], "classes": ["a", "b"], "noise": 0.1, "max_flips": 1,
+    }
+    inst = compile_payload(payload)
+    assert inst.kind == "deterministic"  # noise is spent on the copies, not on likelihoods
+    prior = dict(zip(inst.hypothesis_ids, inst.prior))
+    # Per hypothesis: the exact copy weighs 0.9·0.9, each one-flip copy 0.1·0.9; normalised within.
+    exact, flipped = 0.81 / (0.81 + 2 * 0.09), 0.09 / (0.81 + 2 * 0.09)
+    assert prior["0"] == pytest.approx(0.5 * exact)
+    assert prior["0~t0=1"] == pytest.approx(0.5 * flipped) and prior["1~t1=0"] == pytest.approx(0.5 * flipped)
+
+
+def test_count_noisy_copies_matches_the_binomial_sum():
+    # Binary tests: Σ_{j ≤ k} C(N, j).
+    for n_tests, k in [(5, 0), (5, 2), (10, 3), (20, 20)]:
+        expected = sum(math.comb(n_tests, j) for j in range(k + 1))
+        assert engine.count_noisy_copies(np.full(n_tests, 2), k) == expected
+
+
+def test_max_flips_over_the_cell_limit_is_refused():
+    payload = {
+        "tests": [{"id": f"t{j}"} for j in range(20)],
+        "matrix": [[0] * 20, [1] * 20], "classes": ["a", "b"], "max_flips": 3,
+    }
+    # 2 · (1 + 20 + 190 + 1140) copies × 20 tests = 54 040 cells.
+    with pytest.raises(engine.InstanceTooLarge, match="max_flips=3") as refused:
+        compile_payload(payload, max_cells=50_000)
+    assert "54040" in str(refused.value)
+    assert compile_payload(payload, max_cells=60_000).n_hypotheses == 2 * 1351
+
+
+def test_an_instance_over_the_cell_limit_is_refused():
+    with pytest.raises(engine.InstanceTooLarge):
+        compile_payload(columnar(), max_cells=5)
+
+
+def test_max_flips_cannot_apply_to_likelihoods():
+    with pytest.raises(ValidationError) as refused:
+        Instance.model_validate(edit(noisy, lambda p: p.update(max_flips=1)))
+    assert "max_flips" in [json_path(e["loc"]) for e in refused.value.errors()]
+
+
+# --- indistinguishable hypotheses ---------------------------------------------------------------
+
+
+def test_indistinguishable_hypotheses_are_a_warning_and_a_stop_reason():
+    payload = edit(per_hypothesis, set_in(["hypotheses", 2, "outcomes"], {"ecg": "abnormal", "trop": "low"}))
+    inst = compile_payload(payload)  # angina (admit) and reflux (home) now answer alike
+    assert len(inst.warnings) == 1
+    assert "indistinguishable" in inst.warnings[0] and "'angina'" in inst.warnings[0] and "'reflux'" in inst.warnings[0]
+    assert compile_payload(per_hypothesis()).warnings == ()
+    # The run separates mi from the rest, then cannot go on.
+    observations = engine.parse_observations(inst, [("trop", "low")])
+    decision = engine.next_step(inst, observations)
+    assert decision.stop_reason == engine.StopReason.INDISTINGUISHABLE
+    # Hypotheses of the same class answering alike are not worth a warning.
+    same_class = edit(payload, lambda p: p["hypotheses"][2].update({"class": "admit"}))
+    assert compile_payload(same_class).warnings == ()
