@@ -1,0 +1,68 @@
+"""Operations endpoints: health, readiness, metrics, the served contract."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from api_support import TRIAGE, assert_problem, new_session, observe
+from conftest import free_port
+from service.app import create_app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_healthz_and_readyz(client):
+    assert client.get("/healthz").get_json() == {"status": "ok"}
+    assert client.get("/readyz").get_json() == {"status": "ready"}
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+def test_an_unreachable_redis_makes_readyz_503_but_healthz_stays_up(app_config):
+    app = create_app({**app_config, "redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    client = app.test_client()
+    assert client.get("/healthz").status_code == 200
+    response = client.get("/readyz")
+    assert_problem(response, 503, "store-unavailable")
+    assert int(response.headers["Retry-After"]) >= 1
+    posted = client.post("/v1/instances", json=TRIAGE)
+    assert_problem(posted, 503, "store-unavailable")
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus exposition text, parsed independently of the app."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def test_metrics_count_requests_by_route_and_status(client):
+    before = client.get("/metrics").get_data(as_text=True)
+    sid = new_session(client)["session_id"]
+    observe(client, sid, {"test": "ecg", "outcome": "normal"})
+    client.get("/v1/sessions/nope")
+    after = client.get("/metrics").get_data(as_text=True)
+
+    def delta(name, **labels):
+        return _sample(after, name, **labels) - _sample(before, name, **labels)
+
+    assert delta("edgecut_http_requests_total", route="/v1/sessions", method="POST", status="201") == 1
+    assert delta("edgecut_http_requests_total", route="/v1/sessions/<session_id>", method="GET", status="404") == 1
+    assert delta("edgecut_http_request_duration_seconds_count", route="/v1/sessions/<session_id>/observations",
+                 method="POST") == 1
+    assert delta("edgecut_sessions_created_total") == 1
+    assert delta("edgecut_selection_duration_seconds_count") >= 2
+
+
+def test_the_contract_is_served_and_is_the_repository_file(client):
+    response = client.get("/openapi.yaml")
+    assert response.status_code == 200 and response.mimetype == "application/yaml"
+    assert response.data == (ROOT / "openapi.yaml").read_bytes()
+    spec = yaml.safe_load(response.data)
+    assert spec["openapi"].startswith("3.")
