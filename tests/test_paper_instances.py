@@ -189,3 +189,16 @@ def test_the_optimum_refuses_beyond_its_limit():
     model.classes = [f"c{h % 4}" for h in range(model.n)]
     with pytest.raises(engine.InfeasibleComputation, match="small instances"):
         engine.optimal_expected_cost(compile_model(model), max_states=50)
+
+
+def test_the_tree_has_no_branch_for_an_outcome_no_hypothesis_gives():
+    # Seed 565: a 4-outcome test whose last outcome nobody gives. α's last column is β − Σ(others),
+    # 5.6e-17 here; a branch opened on that round-off observed an impossible outcome and raised.
+    model = small_model(565)
+    inst = compile_model(model)
+    tree = engine.policy_tree(inst, engine.POLICIES["ec2"])
+    for node in tree.nodes():
+        for k, child in node.children.items():
+            assert any(inst.outcomes[h, node.test] == k for h in node.belief.alive)
+            assert child.probability > 0
+    assert engine.expected_cost(tree) == pytest.approx(ref.expected_cost(model, "ec2"), rel=1e-9)

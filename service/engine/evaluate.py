@@ -115,7 +115,7 @@ def policy_tree(
     max_nodes: int = DEFAULT_MAX_TREE_NODES,
 ) -> TreeNode:
     """The whole adaptive policy as a tree. A child exists for every outcome with positive
-    probability p(x | x_A) = Σ_i α(i, t, x) / M; leaves are where the policy stops
+    probability p(x | x_A) = Σ_{h ∈ V} w(h) P(x | h) / M; leaves are where the policy stops
     (likelihood instances: give ``rules.max_tests`` to bound the depth)."""
     root = TreeNode(decide(observe(inst, ()), policy, rules, seed), 1.0, 0.0, 0)
     count = 1
@@ -126,7 +126,7 @@ def policy_tree(
             continue
         t = node.test
         belief = node.belief
-        outcome_probability = belief.alpha[:, t, :].sum(axis=0) / belief.total_mass
+        outcome_probability = _outcome_probability(inst, belief, t)
         for k in np.flatnonzero(outcome_probability > 0):
             count += 1
             if count > max_nodes:
@@ -144,6 +144,16 @@ def policy_tree(
             node.children[int(k)] = child
             stack.append(child)
     return root
+
+
+def _outcome_probability(inst: CompiledInstance, belief: Belief, t: int) -> np.ndarray:
+    """p(x | x_A) summed from the hypotheses themselves, not from α: α's last outcome is
+    β − Σ(others), whose round-off (1e-17) would open a branch no hypothesis can answer."""
+    if inst.outcomes is not None:
+        mass = np.bincount(inst.outcomes[belief.alive, t], weights=belief.mass, minlength=inst.max_outcomes)
+    else:
+        mass = belief.mass @ inst.likelihood[belief.alive, t, :]
+    return mass / belief.total_mass
 
 
 def expected_cost(tree: TreeNode) -> float:
