@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS: tuple[str, ...] = ("simulate", "play", "evaluate", "tree")  # each sub-command module adds its name here
+COMMANDS: tuple[str, ...] = ("simulate", "play", "evaluate", "tree", "serve")  # each sub-command module adds its name here
 
 
 def build_parser() -> argparse.ArgumentParser:

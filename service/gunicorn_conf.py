@@ -1,0 +1,72 @@
+"""gunicorn configuration: ``gunicorn -c python:service.gunicorn_conf 'service.app:create_app()'``
+(what ``edgecut serve`` and the Dockerfile run). Command-line flags override these values.
+
+* gthread workers: a step is short CPU work (numpy) plus Redis round trips; threads overlap the
+  waits, processes use the cores (``WEB_CONCURRENCY`` workers × ``WEB_THREADS`` threads).
+* With the in-memory store (``REDIS_URL`` unset) sessions live in one process, so exactly one
+  worker runs, whatever was asked.
+* Workers are recycled after ``max_requests`` (± jitter, so they do not all restart at once) and
+  given ``graceful_timeout`` to finish in-flight requests on shutdown or reload.
+* Prometheus multiprocess mode: every worker writes its samples under
+  ``PROMETHEUS_MULTIPROC_DIR`` (a fresh temporary directory unless given), and ``/metrics``
+  in any worker reports the sum over all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from service.settings import ConfigurationError, load_settings
+
+try:
+    settings = load_settings()
+except ConfigurationError as error:  # fail at start, with the operator's message, no traceback
+    sys.exit(f"edgecut: {error}")
+
+bind = ["127.0.0.1:8000"]
+worker_class = "gthread"
+workers = settings.workers
+threads = settings.web_threads
+timeout = 30
+graceful_timeout = 20
+keepalive = 5
+max_requests = 20_000
+max_requests_jitter = 2_000
+loglevel = settings.log_level.lower()
+errorlog = "-"
+accesslog = None  # access logs cost throughput; Prometheus counts every request by route and status
+forwarded_allow_ips = "127.0.0.1"
+# No gunicornc control socket: one fixed path would collide between several servers on a host.
+control_socket_disable = True
+
+# Set here, in the master, before any worker imports prometheus_client (workers inherit it).
+_metrics_dir_given = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+_metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="edgecut-metrics-")
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
+
+
+def on_starting(server) -> None:
+    if settings.uses_memory_store and server.num_workers != 1:
+        server.log.warning("in-memory store (REDIS_URL is unset): running exactly one worker instead of %d",
+                           server.num_workers)
+        server.num_workers = 1
+    # Samples of a previous run would be summed into this one's.
+    for stale in Path(_metrics_dir).glob("*.db"):
+        stale.unlink()
+    store = "in-memory store (one worker)" if settings.uses_memory_store else "Redis store"
+    server.log.info("edgecut: %s, %d worker(s) × %d threads", store, server.num_workers, threads)
+
+
+def child_exit(server, worker) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server) -> None:
+    if not _metrics_dir_given:
+        shutil.rmtree(_metrics_dir, ignore_errors=True)

@@ -1,0 +1,142 @@
+"""The real thing: ``edgecut serve`` (gunicorn, 2 workers) over a fixture redis-server, driven
+over HTTP from an instance to ``done``; and the embedded-store server forced to one worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+import requests
+
+from api_support import QUAD
+from conftest import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+class Server:
+    def __init__(self, env: dict[str, str], *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = ""
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port), *args],
+            cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"server exited: {self.process.stdout.read()}")
+            try:
+                if requests.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        raise AssertionError("server did not become ready")
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=30)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+        self.log = self.process.stdout.read()
+        return code
+
+
+@pytest.fixture
+def redis_server_app(redis_server):
+    prefix = f"e2e-{uuid.uuid4().hex[:8]}"
+    server = Server({"REDIS_URL": redis_server.url, "KEY_PREFIX": prefix, "LOG_LEVEL": "warning"}, "--workers", "2")
+    try:
+        server.wait_ready()
+        yield server, prefix
+    finally:
+        if server.process.poll() is None:
+            server.stop()
+
+
+def _truth_outcomes(hypothesis_id: str) -> dict[str, str]:
+    return next(h["outcomes"] for h in QUAD["hypotheses"] if h["id"] == hypothesis_id)
+
+
+@pytest.mark.parametrize("truth, expected_class", [("h2", "Y"), ("h3", "Z")])
+def test_a_session_over_http_reaches_the_true_class(redis_server_app, redis_server, truth, expected_class):
+    server, prefix = redis_server_app
+    http = requests.Session()
+    posted = http.post(server.url + "/v1/instances", json=QUAD, timeout=5)
+    assert posted.status_code in (200, 201)
+    key = {"Idempotency-Key": f"e2e-{uuid.uuid4().hex}"}
+    created = http.post(server.url + "/v1/sessions", json={"instance_id": posted.json()["instance_id"]},
+                        headers=key, timeout=5)
+    assert created.status_code == 201
+    replay = http.post(server.url + "/v1/sessions", json={"instance_id": posted.json()["instance_id"]},
+                       headers=key, timeout=5)
+    assert replay.json()["session_id"] == created.json()["session_id"]
+
+    state, etag = created.json(), created.headers["ETag"]
+    answers = _truth_outcomes(truth)
+    while not state["done"]:
+        test = state["next_test"]["id"]
+        response = http.post(f"{server.url}/v1/sessions/{state['session_id']}/observations",
+                             json={"test": test, "outcome": answers[test]}, headers={"If-Match": etag}, timeout=5)
+        assert response.status_code == 200, response.text
+        state, etag = response.json(), response.headers["ETag"]
+        assert state["step"] <= 3
+    assert state["map_class"] == expected_class and state["stop_reason"] == "determined"
+    # Every worker answers the same: read it back a few times (the two workers share Redis).
+    for _ in range(4):
+        assert http.get(f"{server.url}/v1/sessions/{state['session_id']}", timeout=5).json()["history"] == \
+            state["history"]
+    # The session is in Redis under the configured prefix (read with redis-py, not the app).
+    client = redis.Redis.from_url(redis_server.url)
+    assert any(state["session_id"] in key.decode() for key in client.scan_iter(match=f"{prefix}:*"))
+
+
+def test_metrics_add_up_over_the_workers(redis_server_app):
+    server, _ = redis_server_app
+    sent = 30
+    with requests.Session() as http:
+        for _ in range(sent):
+            assert http.get(server.url + "/healthz", timeout=5).status_code == 200
+        text = http.get(server.url + "/metrics", timeout=5).text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counted = sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                  if sample.name == "edgecut_http_requests_total" and sample.labels["route"] == "/healthz")
+    assert counted == sent
+
+
+def test_graceful_stop(redis_server_app):
+    server, _ = redis_server_app
+    assert server.stop() == 0
+
+
+def test_the_embedded_store_runs_exactly_one_worker():
+    server = Server({"REDIS_URL": "", "LOG_LEVEL": "info"}, "--workers", "3")
+    try:
+        server.wait_ready()
+        sid = requests.post(server.url + "/v1/sessions", json={"instance": QUAD}, timeout=5).json()["session_id"]
+        assert requests.get(f"{server.url}/v1/sessions/{sid}", timeout=5).status_code == 200
+    finally:
+        server.stop()
+    assert "running exactly one worker, not 3" in server.log
+    assert server.log.count("Booting worker") == 1
+
+
+def test_bad_configuration_fails_at_start_with_a_clear_message():
+    result = subprocess.run([sys.executable, "-m", "service.cli", "serve"], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "SESSION_TTL": "a day", "REDIS_URL": "http://nope"}, timeout=30)
+    assert result.returncode == 2
+    assert "SESSION_TTL" in result.stderr and "REDIS_URL" in result.stderr
+    assert "Traceback" not in result.stderr
