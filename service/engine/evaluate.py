@@ -174,8 +174,9 @@ def optimal_expected_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_
 
     OPT(V) = 0 when V lies in one class (or no test separates its classes); otherwise
     min_t c(t) + Σ_x P(V_x)/P(V) · OPT(V_x) over tests that split V. Version spaces are memoised
-    by their member set; refuses (``InfeasibleComputation``) past ``max_states`` of them, which in
-    practice means about 20 hypotheses with 10 binary tests (the state count grows like 3^N).
+    by their member set; refuses (``InfeasibleComputation``) past ``max_states`` of them. Measured
+    on random binary instances with 4 classes (docs/engine.md): 32 hypotheses × 14 tests in 1 s,
+    48 × 18 in 6 s, 64 × 20 refused (after ~13 s); the state count grows like 3^N at worst.
     """
     if inst.outcomes is None:
         raise InfeasibleComputation("the exact optimum is defined for deterministic instances only")
