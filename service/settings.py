@@ -41,7 +41,23 @@ class Settings(BaseSettings):
     instance_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     # Seconds a client is told to wait (Retry-After) when the store is unavailable.
     retry_after_seconds: int = Field(default=1, ge=1, le=3600)
-    # Issue 6 adds API_KEYS, rate limits and CORS here.
+    # --- Security and worker-protecting limits (issue 6; docs/reliability.md) ---------------
+    # API keys, comma-separated "tenant:key" (or a bare key: tenant "public"); a key may be given
+    # as "sha256:<hex>" so only its hash is configured. Neither set: no authentication.
+    api_keys: str | None = None
+    api_keys_file: str | None = None  # the same entries, one per line (# comments)
+    # Per-tenant request rate, "<count>/<second|minute|hour>" (e.g. "50/second"); unset: none.
+    rate_limit: str | None = Field(default=None, pattern=r"^\s*[1-9][0-9]*\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
+    # Requests a tenant may send at once before the rate applies; default: RATE_LIMIT's count.
+    rate_limit_burst: int | None = Field(default=None, ge=1)
+    # Browser origins allowed by CORS, comma-separated, or "*"; unset: no CORS headers.
+    cors_origins: str | None = None
+    # Each limit below is answered 413 limit-exceeded, naming the variable.
+    max_json_depth: int = Field(default=32, ge=4, le=512)
+    max_classes: int = Field(default=10_000, ge=2)
+    max_outcomes_per_test: int = Field(default=256, ge=2)
+    max_label_length: int = Field(default=200, ge=1, le=200)  # 200: the wire schema's own cap
+    max_observations_per_request: int = Field(default=10_000, ge=1, le=10_000)  # ditto
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flask import current_app
+from flask import current_app, g
 
 from service.sessions import Sessions
 from service.settings import Settings
@@ -30,5 +30,5 @@ def sessions() -> Sessions:
 
 
 def tenant() -> str:
-    """The caller's tenant: one public tenant until API keys arrive (issue 6)."""
-    return DEFAULT_TENANT
+    """The caller's tenant: its API key's (service/api/security.py), else the one public tenant."""
+    return g.get("tenant", DEFAULT_TENANT)

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ValidationError
 from schemas.instance import json_path
 from service.errors import ServiceError
 
+from .limits import check_depth, check_request
+
 Model = TypeVar("Model", bound=BaseModel)
 JSON_MEDIA_TYPE = "application/json"
 
@@ -91,11 +93,14 @@ def parse_body(model: type[Model]) -> Model:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
         raise MalformedJson(f"the body is not valid JSON: {error}") from None
+    check_depth(raw)  # before the wire model walks it (service/api/limits.py)
     try:
-        return model.model_validate(data)
+        parsed = model.model_validate(data)
     except ValidationError as error:
         errors = validation_errors(error)
         raise RequestValidationFailed(f"the request body has {len(errors)} problem(s)", errors) from None
+    check_request(parsed)  # the worker-protecting limits, before any array is built
+    return parsed
 
 
 class InvalidParameter(ServiceError):

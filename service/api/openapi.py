@@ -35,9 +35,11 @@ REF = "#/components/schemas/{model}"
 STATUS_TEXT = {400: "Bad request: malformed JSON, an invalid header or query parameter",
                404: "Not found", 405: "Method not allowed", 409: "Conflict", 410: "Gone: the instance expired",
                412: "Precondition failed: If-Match names a stale version",
-               413: "Content too large: the body or the instance's n·N cells over the limit",
+               401: "Unauthorized: API keys are on (API_KEYS) and no valid `Authorization: Bearer` key came",
+               413: "Content too large: the body, the instance's n·N cells, or another limit (MAX_*, named)",
                415: "Unsupported media type: send application/json", 422: "Invalid content",
                500: "Internal error (logged; no details are given)",
+               429: "Too many requests: over the tenant's rate limit (RATE_LIMIT); retry after Retry-After seconds",
                501: "Not implemented here: a rendering tool (Graphviz) is not installed",
                503: "The session store is unavailable; retry after Retry-After seconds"}
 
@@ -229,12 +231,20 @@ def build_spec() -> dict[str, Any]:
                                   "content": {"application/yaml": {"schema": {"type": "string"}}}},
                           **_problems(500)}}},
     }
+    # With API keys on (issue 6) every /v1 route may answer 401, and with a rate limit 429.
+    for path, item in paths.items():
+        if path.startswith("/v1/"):
+            for operation in item.values():
+                operation["responses"] = dict(sorted({**operation["responses"], **_problems(401, 429)}.items()))
     problem_responses = {}
     for status, text in STATUS_TEXT.items():
         response: dict[str, Any] = {"description": text,
                                     "content": {"application/problem+json": {"schema": _ref("Problem")}}}
-        if status == 503:
+        if status in (429, 503):
             response["headers"] = {"Retry-After": HEADER["Retry-After"]}
+        if status == 401:
+            response["headers"] = {"WWW-Authenticate": {"description": 'Bearer realm="edgecut"',
+                                                        "schema": {"type": "string"}}}
         if status == 405:
             response["headers"] = {"Allow": {"description": "The allowed methods", "schema": {"type": "string"}}}
         problem_responses[f"Problem{status}"] = response

@@ -1,0 +1,150 @@
+"""Limits that protect the workers, checked at the boundary before any array is built.
+
+Each is a setting and each is answered 413 ``limit-exceeded`` with the variable's name in the
+detail, so a client (or an operator reading logs) knows which knob refused it:
+
+====================================  =========================================================
+``MAX_BODY_BYTES``                    werkzeug refuses the body before reading it (413
+                                      body-too-large; service/api/problems.py)
+``MAX_CELLS``                         n·N, refused by compilation (413 instance-too-large)
+``MAX_JSON_DEPTH``                    :func:`check_depth`, on the raw bytes, before validation
+``MAX_CLASSES``                       :func:`check_request`
+``MAX_OUTCOMES_PER_TEST``             :func:`check_request`: EC²'s α pass costs n·N·ℓ
+``MAX_LABEL_LENGTH``                  :func:`check_request` (the schema caps labels at 200)
+``MAX_OBSERVATIONS_PER_REQUEST``      :func:`check_request` (the schema caps lists at 10 000)
+====================================  =========================================================
+
+Depth: orjson parses first (Rust, with its own fixed recursion limit of 1024, so no body can
+blow the Python stack there); the depth of the valid JSON is then measured on its bytes, before
+pydantic walks it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import numpy as np
+from pydantic import BaseModel
+
+from schemas.api import ObservationsRequest, SelectRequest, StepConfig
+from schemas.instance import Instance
+from service.errors import ServiceError
+
+from .context import services
+
+# A JSON string: quote, then runs of plain characters or escapes (unrolled: linear time).
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_OPEN = np.frombuffer(b"[{", dtype=np.uint8)
+_CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
+
+
+class LimitExceeded(ServiceError):
+    code = "limit-exceeded"
+
+    def __init__(self, setting: str, limit: int, what: str):
+        super().__init__(f"{what}; the limit ({setting}) is {limit}")
+        self.setting = setting
+        self.limit = limit
+
+
+def json_depth(raw: bytes) -> int:
+    """The nesting depth of valid JSON (``{}`` is 1, ``[[1]]`` is 2), brackets in strings aside."""
+    if raw.count(b"[") + raw.count(b"{") == 0:
+        return 0
+    codes = np.frombuffer(raw, dtype=np.uint8)
+    steps = np.isin(codes, _OPEN).astype(np.int32) - np.isin(codes, _CLOSE).astype(np.int32)
+    bound = int(np.cumsum(steps).max())
+    if bound <= 1 or (b'"' not in raw):
+        return bound
+    # Brackets inside strings counted too: an upper bound. Exact only when it matters.
+    codes = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    steps = np.isin(codes, _OPEN).astype(np.int32) - np.isin(codes, _CLOSE).astype(np.int32)
+    return int(np.cumsum(steps).max())
+
+
+def check_depth(raw: bytes) -> None:
+    """Called by parse_body on JSON that orjson accepted, before the wire model sees it."""
+    limit = services().settings.max_json_depth
+    if len(raw) <= 2 * limit:
+        return  # too short to nest deeper
+    depth = json_depth(raw)
+    if depth > limit:
+        raise LimitExceeded("MAX_JSON_DEPTH", limit, f"the body nests {depth} levels deep")
+
+
+def check_request(model: BaseModel) -> None:
+    """Called by parse_body on every validated request body."""
+    settings = services().settings
+    labelled = None
+    if isinstance(model, Instance):
+        _check_instance(model, settings)
+    elif isinstance(model, StepConfig) and model.instance is not None:
+        _check_instance(model.instance, settings, path="instance.")
+    if isinstance(model, ObservationsRequest):
+        labelled = model.labelled()
+    elif isinstance(model, SelectRequest):
+        labelled = [(o.test, o.outcome) for o in model.observations]
+    if labelled is not None:
+        if len(labelled) > settings.max_observations_per_request:
+            raise LimitExceeded("MAX_OBSERVATIONS_PER_REQUEST", settings.max_observations_per_request,
+                                f"the request carries {len(labelled)} observations")
+        _check_labels((label for pair in labelled for label in pair), settings.max_label_length, "observations")
+
+
+def _check_labels(labels: Iterable[str], limit: int, where: str) -> None:
+    longest = max(map(len, labels), default=0)
+    if longest > limit:
+        raise LimitExceeded("MAX_LABEL_LENGTH", limit, f"a label in {where} is {longest} characters long")
+
+
+def _check_instance(inst: Instance, settings, path: str = "") -> None:
+    hyps = inst.hypotheses or []
+    tests = inst.tests
+
+    # Labels: ids, outcome labels, class labels, and the keys and values of per-hypothesis maps.
+    limit = settings.max_label_length
+    _check_labels((t.id for t in tests), limit, f"{path}tests")
+    _check_labels((o for t in tests for o in t.outcomes or ()), limit, f"{path}tests")
+    _check_labels(inst.classes or (), limit, f"{path}classes")
+    _check_labels(inst.hypothesis_ids or (), limit, f"{path}hypothesis_ids")
+    _check_labels((label for h in hyps for label in (h.id, h.class_ or "")), limit, f"{path}hypotheses")
+    _check_labels((o for h in hyps for o in (h.outcomes or {}).values()), limit, f"{path}hypotheses")
+    _check_labels((o for h in hyps for row in (h.likelihoods or {}).values() for o in row), limit,
+                  f"{path}hypotheses")
+
+    # Classes: at most one per hypothesis, so only counted when there could be too many.
+    n = inst.n_hypotheses
+    if n > settings.max_classes:
+        classes = set(inst.classes or ()) if inst.hypotheses is None else {h.class_ or h.id for h in hyps}
+        if len(classes) > settings.max_classes:
+            raise LimitExceeded("MAX_CLASSES", settings.max_classes, f"the {path}instance has {len(classes)} classes")
+
+    # Outcomes per test: listed, or derived from the hypotheses / the matrix.
+    most, worst = 0, ""
+    for test in tests:
+        if test.outcomes is not None and len(test.outcomes) > most:
+            most, worst = len(test.outcomes), test.id
+    unlisted = {t.id: set() for t in tests if t.outcomes is None}
+    if unlisted and hyps:
+        for h in hyps:
+            for test_id, outcome in (h.outcomes or {}).items():
+                if test_id in unlisted:
+                    unlisted[test_id].add(outcome)
+            for test_id, row in (h.likelihoods or {}).items():
+                if test_id in unlisted:
+                    unlisted[test_id].update(row)
+        for test_id, seen in unlisted.items():
+            if len(seen) > most:
+                most, worst = len(seen), test_id
+    if unlisted and inst.matrix:
+        width = max((max(row) for row in inst.matrix if row), default=-1) + 1
+        if width > most:
+            most, worst = width, "(a matrix column)"
+    if inst.likelihood_matrix and inst.likelihood_matrix[0]:
+        width = len(inst.likelihood_matrix[0][0])
+        if width > most:
+            most, worst = width, "(likelihood_matrix)"
+    if most > settings.max_outcomes_per_test:
+        raise LimitExceeded("MAX_OUTCOMES_PER_TEST", settings.max_outcomes_per_test,
+                            f"test {worst} of the {path}instance has {most} outcomes")

@@ -1,0 +1,125 @@
+"""Per-tenant rate limits: GCRA (the generic cell rate algorithm, as in ATM traffic shaping).
+
+A tenant may send ``rate`` requests per period, with bursts of up to ``burst`` at once. GCRA keeps
+one number per tenant, the theoretical arrival time (TAT) of its next request: a request at time
+``now`` conforms when ``TAT − now ≤ τ`` (τ = (burst − 1)·T, T = period / rate), and then moves
+TAT to ``max(TAT, now) + T``. A refused request learns exactly when it would conform
+(``TAT − τ − now``), which becomes ``Retry-After``.
+
+With Redis (``REDIS_URL``) the TAT lives in Redis and one Lua script reads and moves it using the
+server's clock, so every worker of every host shares one budget per tenant. Without Redis it
+lives in this process (the in-memory store is one process anyway). A Redis that does not answer
+is a 503 like any other store failure, after at most one 0.5 s timeout.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+
+from service.store import StoreUnavailable
+
+PERIODS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+_RATE = re.compile(r"^\s*([1-9][0-9]*)\s*/\s*([a-z]+)\s*$")
+TIMEOUT = 0.5
+
+# KEYS[1]: the tenant's TAT. ARGV: T and τ in µs. Returns 0 (conforms) or µs until it would.
+# TIME in a script is allowed since Redis 5 (effects replication); µs since the epoch fit
+# exactly in a Lua double (< 2^53).
+_GCRA = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local interval = tonumber(ARGV[1])
+local tolerance = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+if tat - now > tolerance then
+  return tat - tolerance - now
+end
+local next_tat = tat + interval
+redis.call('SET', KEYS[1], string.format('%d', next_tat), 'PX', math.ceil((next_tat - now) / 1000) + 1)
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class Rate:
+    count: int
+    period_seconds: int
+    burst: int
+
+    @property
+    def interval_us(self) -> int:
+        return max(1, math.ceil(self.period_seconds * 1_000_000 / self.count))
+
+    @property
+    def tolerance_us(self) -> int:
+        return self.interval_us * (self.burst - 1)
+
+
+def parse_rate(text: str, burst: int | None = None) -> Rate:
+    """``"50/second"`` → Rate(50, 1, burst or 50)."""
+    match = _RATE.match(text.lower())
+    if match is None or match.group(2) not in PERIODS:
+        raise ValueError(f"rate {text!r} is not '<count>/<second|minute|hour>'")
+    count = int(match.group(1))
+    return Rate(count, PERIODS[match.group(2)], burst or count)
+
+
+class MemoryLimiter:
+    def __init__(self, rate: Rate, clock=time.monotonic):
+        self.rate = rate
+        self._clock = clock
+        self._tat: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def wait_seconds(self, tenant: str) -> float:
+        """0 when the request conforms (and is counted), else seconds until one would."""
+        interval, tolerance = self.rate.interval_us / 1e6, self.rate.tolerance_us / 1e6
+        with self._lock:
+            now = self._clock()
+            tat = max(self._tat.get(tenant, now), now)
+            if tat - now > tolerance:
+                return tat - tolerance - now
+            self._tat[tenant] = tat + interval
+            if len(self._tat) > 100_000:  # forget tenants whose TAT has passed
+                self._tat = {t: v for t, v in self._tat.items() if v > now}
+            return 0.0
+
+
+class RedisLimiter:
+    def __init__(self, rate: Rate, url: str, key_prefix: str):
+        self.rate = rate
+        self.key_prefix = key_prefix
+        # Its own small client with the store's fail-fast budget: no retries, 0.5 s timeouts.
+        self._redis = redis.Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT,
+                                           retry_on_timeout=False, health_check_interval=5)
+        self._script = self._redis.register_script(_GCRA)
+
+    def key(self, tenant: str) -> str:
+        # Tenants match [A-Za-z0-9_.-] (auth.TENANT_PATTERN): no brace or colon can leak in.
+        return f"{self.key_prefix}:{{r:{tenant}}}:rate"
+
+    def wait_seconds(self, tenant: str) -> float:
+        try:
+            waited = self._script(keys=[self.key(tenant)], args=[self.rate.interval_us, self.rate.tolerance_us])
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+            raise StoreUnavailable(f"Redis is unreachable: {error}") from error
+        return int(waited) / 1e6
+
+
+def create_limiter(rate_limit: str | None, burst: int | None, redis_url: str | None, key_prefix: str):
+    if not rate_limit:
+        return None
+    rate = parse_rate(rate_limit, burst)
+    return RedisLimiter(rate, redis_url, key_prefix) if redis_url else MemoryLimiter(rate)
+
+
+def retry_after(seconds: float) -> str:
+    """Whole seconds, rounded up, at least 1 (RFC 9110 §10.2.3 allows no fractions)."""
+    return str(max(1, math.ceil(seconds)))

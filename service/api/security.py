@@ -1,0 +1,77 @@
+"""What stands in front of every ``/v1`` handler, installed by :func:`install` from create_app:
+
+1. API keys (service/api/auth.py): 401 without a valid ``Authorization: Bearer``; sets the
+   request's tenant;
+2. the tenant's rate limit (service/api/ratelimit.py): 429 with ``Retry-After``;
+3. CORS for browser front ends (flask-cors), exposing ``ETag`` and ``Retry-After``.
+
+Body limits are checked where the body is parsed (service/api/limits.py via parse_body).
+Operations routes (/healthz, /readyz, /metrics, /openapi.yaml) stay open: probes and scrapers
+carry no keys, and none of them touches tenant data.
+"""
+
+from __future__ import annotations
+
+from flask import Flask, Response, g, request
+from flask_cors import CORS
+
+from service.settings import Settings
+
+from . import auth
+from .problems import problem_response
+from .ratelimit import create_limiter, retry_after
+
+PROTECTED_PREFIX = "/v1/"
+EXPOSED_HEADERS = ["ETag", "Retry-After", "Location", "Idempotent-Replayed", "WWW-Authenticate"]
+ALLOWED_HEADERS = ["Authorization", "Content-Type", "If-Match", "Idempotency-Key"]
+CORS_MAX_AGE = 600
+
+
+def _protected() -> bool:
+    # Preflights carry no credentials by design (Fetch standard); flask-cors answers them.
+    return (request.path.startswith(PROTECTED_PREFIX) or request.path == "/v1") and request.method != "OPTIONS"
+
+
+def install(app: Flask, settings: Settings) -> None:
+    keyring = auth.load_keyring(settings)
+    limiter = create_limiter(settings.rate_limit, settings.rate_limit_burst, settings.redis_url,
+                             settings.key_prefix)
+    app.extensions["edgecut.security"] = {"keyring": keyring, "limiter": limiter}
+
+    if keyring is not None:
+        @app.before_request
+        def _authenticate() -> Response | None:
+            if not _protected():
+                return None
+            token = auth.bearer_token(request.headers.get("Authorization"))
+            tenant = keyring.tenant_of(token) if token is not None else None
+            if tenant is None:
+                detail = ("send Authorization: Bearer <API key>" if token is None
+                          else "the API key is not valid")
+                return problem_response("unauthorized", detail,
+                                        headers={"WWW-Authenticate": auth.challenge(invalid=token is not None)})
+            g.tenant = tenant
+            return None
+
+    if limiter is not None:
+        @app.before_request
+        def _rate_limit() -> Response | None:
+            if not _protected():
+                return None
+            from .context import tenant
+
+            waited = limiter.wait_seconds(tenant())
+            if waited > 0:
+                return problem_response(
+                    "rate-limited",
+                    f"over this tenant's rate limit ({settings.rate_limit}, bursts of "
+                    f"{limiter.rate.burst}; RATE_LIMIT); retry after {waited:.3f} s",
+                    headers={"Retry-After": retry_after(waited)})
+            return None
+
+    if settings.cors_origins:
+        origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+        CORS(app, resources={r"/v1/*": {}, r"/openapi.yaml": {}},
+             origins="*" if "*" in origins else origins, expose_headers=EXPOSED_HEADERS,
+             allow_headers=ALLOWED_HEADERS, methods=["GET", "POST", "DELETE", "OPTIONS"],
+             max_age=CORS_MAX_AGE, supports_credentials=False)

@@ -1,0 +1,36 @@
+"""What a store holds, captured so a test can say "this request changed nothing stored".
+
+Redis: every key under the app's prefix with its DUMP (the server's own byte serialisation of the
+value; TTLs are not part of it, and they legitimately slide on reads). Memory: the store's
+tables, each payload with its expiry left out, for the same reason. Rate-limit counters are not
+stored state and are skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import redis
+
+from service.store.memory import MemoryStore
+from service.store.redis_store import RedisStore
+
+
+def snapshot(app) -> dict:
+    store = app.extensions["edgecut"].store
+    if isinstance(store, RedisStore):
+        client = redis.Redis.from_url(app.extensions["edgecut"].settings.redis_url)
+        try:
+            keys = sorted(k for k in client.scan_iter(match=f"{store.key_prefix}:*", count=1000)
+                          if not k.endswith(b":rate"))
+            return {key: client.dump(key) for key in keys}
+        finally:
+            client.close()
+    if isinstance(store, MemoryStore):
+        with store._lock:
+            return {
+                "instances": {key: (value.content_hash, id(value)) for key, (value, _) in store._instances.items()},
+                "sessions": {key: replace(record, expires_at=0.0) for key, (record, _) in store._sessions.items()},
+                "idempotency": {key: value for key, (value, _) in store._idempotency.items()},
+            }
+    raise TypeError(f"no snapshot for {type(store).__name__}")
