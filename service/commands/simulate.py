@@ -177,7 +177,7 @@ def results_block(runs, curves, tests, wall_seconds, command, jobs, when_uninfor
                  f"When no test is informative: `{when_uninformative}`.")
     for study, by_policy in curves.items():
         n = next(iter(by_policy.values())).subjects
-        after = [a for a in REPORT_AFTER if a <= tests]
+        after = sorted({a for a in REPORT_AFTER if a <= tests} | {tests})
         lines += ["", f"**Figure {FIGURE[study]}** ({n} subjects per policy; accuracy of the MAP "
                   "theory, 95% Wilson interval)", ""]
         lines.append("| policy | " + " | ".join(f"{a} tests" for a in after)

@@ -163,8 +163,10 @@ def crra(p: np.ndarray, a: float, wealth: float = WEALTH_OFFSET) -> np.ndarray:
     return p @ u
 
 
-def utility(theory: str, p: np.ndarray, parameters: dict[str, float]) -> np.ndarray:
-    """The utility of each lottery (row of ``p``) under ``theory`` with ``parameters``."""
+def utility(theory: str, p: np.ndarray, parameters: dict[str, float],
+            wealth: float = WEALTH_OFFSET) -> np.ndarray:
+    """The utility of each lottery (row of ``p``) under ``theory`` with ``parameters``
+    (``wealth``: CRRA's endowment, the one convention the paper leaves open)."""
     if theory == "EV":
         return expected_value(p)
     if theory == "PT":
@@ -172,7 +174,7 @@ def utility(theory: str, p: np.ndarray, parameters: dict[str, float]) -> np.ndar
     if theory == "MVS":
         return mean_variance_skewness(p, parameters["w_mu"], parameters["w_sigma"], parameters["w_nu"])
     if theory == "CRRA":
-        return crra(p, parameters["a"])
+        return crra(p, parameters["a"], wealth)
     raise ValueError(f"unknown theory '{theory}'; expected one of {THEORIES}")
 
 
@@ -197,8 +199,8 @@ class Hypothesis:
             return self.theory
         return f"{self.theory}(" + ", ".join(f"{k}={v:g}" for k, v in self.parameters) + ")"
 
-    def utilities(self, p: np.ndarray) -> np.ndarray:
-        return utility(self.theory, p, dict(self.parameters))
+    def utilities(self, p: np.ndarray, wealth: float = WEALTH_OFFSET) -> np.ndarray:
+        return utility(self.theory, p, dict(self.parameters), wealth)
 
 
 def hypotheses(study: str) -> list[Hypothesis]:
@@ -221,38 +223,38 @@ def hypotheses(study: str) -> list[Hypothesis]:
     return result
 
 
-def likelihood_matrix(study: str) -> np.ndarray:
+def likelihood_matrix(study: str, wealth: float = WEALTH_OFFSET) -> np.ndarray:
     """P(outcome | hypothesis, test), shape (n, 2346, 2): [:, :, 0] prefers lottery 1."""
     grid, pairs = lottery_grid(), test_pairs()
     rows = []
     for h in hypotheses(study):
-        u = h.utilities(grid)
+        u = h.utilities(grid, wealth)
         u1, u2 = u[pairs[:, 0]], u[pairs[:, 1]]
         # Each outcome through its own logistic: 1 − P₁ would lose P₂'s digits when P₁ ≈ 1.
         rows.append(np.stack([preference_probability(u1, u2), preference_probability(u2, u1)], axis=1))
     return np.stack(rows)
 
 
-def wire_instance(study: str) -> dict:
+def wire_instance(study: str, wealth: float = WEALTH_OFFSET) -> dict:
     """The study as the service's columnar wire form (``likelihood_matrix``), JSON-ready."""
     hyps = hypotheses(study)
     return {
         "tests": [{"id": test_id(pair), "outcomes": list(OUTCOMES)} for pair in test_pairs()],
-        "likelihood_matrix": likelihood_matrix(study).tolist(),
+        "likelihood_matrix": likelihood_matrix(study, wealth).tolist(),
         "classes": [h.theory for h in hyps],
         "priors": [h.prior for h in hyps],
         "hypothesis_ids": [h.id for h in hyps],
     }
 
 
-def instance(study: str) -> Instance:
+def instance(study: str, wealth: float = WEALTH_OFFSET) -> Instance:
     """The validated wire model of a study (the public route every client takes)."""
-    return Instance.model_validate(wire_instance(study))
+    return Instance.model_validate(wire_instance(study, wealth))
 
 
-@lru_cache(maxsize=2)
-def compiled_instance(study: str):
+@lru_cache(maxsize=4)
+def compiled_instance(study: str, wealth: float = WEALTH_OFFSET):
     """The compiled study, through the public route: wire dict → Instance → compile_instance."""
     from service.engine import compile_instance
 
-    return compile_instance(instance(study))
+    return compile_instance(instance(study, wealth))

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Drive a running edgecut service over HTTP with simulated subjects (the paper's section 5).
+
+A copy-paste starting point for integrators. Standard library only (urllib). Steps:
+
+1. ``POST /v1/instances`` with the lottery instance (likelihood form, 2346 tests);
+2. ``POST /v1/sessions`` with ``policy: effecxtive`` and ``max_tests: 30`` (giving ``max_tests``
+   also turns off the engine's default 0.95-confidence stop, so every subject answers 30 tests);
+3. answer each ``next_test`` with ``POST /v1/sessions/{sid}/observations {test, outcome}`` until
+   ``done``, then print the ``class_posterior``.
+
+The simulated subject is one (theory, parameters) hypothesis answering with the paper's softmax,
+P(prefer lottery 1) = 1 / (1 + exp(U(L2) − U(L1))). A test id names its two lotteries as
+``P(−$10)/P($0)/P(+$10) vs …``, so the client needs no lookup table. A real front end would show
+the two lotteries to a person instead (see ``edgecut play lotteries``).
+
+Run the service (``edgecut serve``), then::
+
+    python3 examples/lotteries_client.py --url http://127.0.0.1:8000 --subjects 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import urllib.error
+import urllib.request
+
+from service.examples import lotteries
+
+
+def call(base: str, method: str, path: str, body: dict | None = None) -> dict | None:
+    """One JSON request; raises SystemExit with the problem+json detail on an HTTP error."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json",
+                                              "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            raw = response.read()
+            return json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        problem = exc.read().decode(errors="replace")
+        hint = " (raise the service's MAX_BODY_BYTES)" if exc.code == 413 else ""
+        raise SystemExit(f"{method} {path} -> {exc.code}{hint}: {problem}") from None
+
+
+def answer(subject: lotteries.Hypothesis, test_id: str, rng: random.Random) -> str:
+    """The subject's choice on a test: "1" or "2", drawn from the softmax over utilities."""
+    first, second = lotteries.parse_test_id(test_id)
+    u1, u2 = subject.utilities(first[None, :])[0], subject.utilities(second[None, :])[0]
+    p_first = 1.0 / (1.0 + math.exp(min(u2 - u1, 700.0)))
+    return "1" if rng.random() < p_first else "2"
+
+
+def run_subject(base: str, instance_id: str, subject: lotteries.Hypothesis, tests: int,
+                rng: random.Random) -> dict:
+    state = call(base, "POST", "/v1/sessions",
+                 {"instance_id": instance_id, "policy": "effecxtive", "max_tests": tests})
+    session = state["session_id"]
+    while not state["done"]:
+        test = state["next_test"]["id"]
+        state = call(base, "POST", f"/v1/sessions/{session}/observations",
+                     {"test": test, "outcome": answer(subject, test, rng)})
+    call(base, "DELETE", f"/v1/sessions/{session}")
+    return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL")
+    parser.add_argument("--study", choices=lotteries.STUDIES, default="fixed",
+                        help="fixed (0.6 MB of JSON) or uncertain (6 MB: may need MAX_BODY_BYTES)")
+    parser.add_argument("--subjects", type=int, default=3)
+    parser.add_argument("--tests", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    base = args.url.rstrip("/")
+
+    created = call(base, "POST", "/v1/instances", lotteries.wire_instance(args.study))
+    print(f"instance {created['instance_id'][:12]}…: {created['n_hypotheses']} hypotheses, "
+          f"{created['n_tests']} tests, {created['n_classes']} classes")
+
+    rng = random.Random(args.seed)
+    hypotheses = lotteries.hypotheses(args.study)
+    correct = 0
+    for k in range(args.subjects):
+        # As in the paper: a theory uniformly, then its parameters uniformly.
+        theory = rng.choice(lotteries.THEORIES)
+        subject = rng.choice([h for h in hypotheses if h.theory == theory])
+        state = run_subject(base, created["instance_id"], subject, args.tests, rng)
+        posterior = ", ".join(f"{c} {p:.3f}" for c, p in state["class_posterior"].items())
+        correct += state["map_class"] == subject.theory
+        print(f"subject {k + 1}: true {subject.id}; after {state['step']} tests "
+              f"({state['stop_reason']}) MAP {state['map_class']}; posterior {posterior}")
+    print(f"{correct}/{args.subjects} subjects classified correctly")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
