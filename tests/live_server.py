@@ -1,0 +1,86 @@
+"""A real gunicorn serving the app on a free loopback port, for the fault tests, the live
+schemathesis run and bench/load.py. Flags are given explicitly (gthread workers, as production)
+so a run depends only on the app and the environment it is handed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, env: dict[str, str], workers: int = 2, threads: int = 4, log: Path | None = None):
+        self.port = free_port()
+        self.workers = workers
+        self.threads = threads
+        self.env = {**os.environ, **env, "PYTHONPATH": str(REPO)}
+        self.log = log or Path(tempfile.mkstemp(prefix="edgecut-gunicorn-", suffix=".log")[1])
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        argv = [sys.executable, "-m", "gunicorn", "--workers", str(self.workers), "--worker-class", "gthread",
+                "--threads", str(self.threads), "--bind", f"127.0.0.1:{self.port}", "--timeout", "30",
+                "--graceful-timeout", "3", "--log-level", "warning", "service.app:create_app()"]
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gunicorn exited ({self.process.returncode}); see {self.log}:\n"
+                                   + self.log.read_text()[-2000:])
+            try:
+                if (requests.get(self.url + "/healthz", timeout=1).status_code == 200
+                        and len(self.worker_pids()) == self.workers):
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"gunicorn did not answer on {self.url}; see {self.log}")
+
+    def worker_pids(self) -> list[int]:
+        """The master's children (gunicorn workers), from /proc."""
+        if self.process is None:
+            return []
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        try:
+            return [int(pid) for pid in children.read_text().split()]
+        except OSError:
+            return []
+
+    def kill_worker(self) -> int:
+        pid = self.worker_pids()[0]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
