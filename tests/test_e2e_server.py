@@ -39,7 +39,8 @@ class Server:
             try:
                 if requests.get(self.url + "/readyz", timeout=1).status_code == 200:
                     return
-            except requests.ConnectionError:
+            except requests.RequestException:
+                # Not listening yet, or a worker still importing numpy on a loaded machine.
                 time.sleep(0.1)
         raise AssertionError("server did not become ready")
 
