@@ -141,7 +141,9 @@ class Sessions:
 
     def create(self, request: SessionCreate, idempotency_key: str | None = None,
                tenant: str = DEFAULT_TENANT, explain: bool = False) -> SessionResult:
-        compiled = self._instance_of(request, tenant, store_inline=True)
+        # The inline instance is stored only once the request has passed every check (an unknown
+        # policy must leave nothing behind).
+        compiled = self._instance_of(request, tenant, store_inline=False)
         policy = engine.resolve_policy(compiled, request.policy).name
         now = self.clock()
         record = SessionRecord(
@@ -152,6 +154,8 @@ class Sessions:
             seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
         )
         state = self._state(record, compiled, explain)  # before storing: nothing is kept on failure
+        if request.instance is not None:
+            self.store.put_instance(compiled, tenant)
         self.store.create_session(record)
         if idempotency_key is None:
             SESSIONS_CREATED.inc()
