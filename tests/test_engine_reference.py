@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from schemas.instance import Instance
 from service import engine
 from service.engine import StopReason, StopRules
+from service.engine import belief as belief_module
 
 from tests import reference as ref
 
@@ -345,3 +347,147 @@ def test_random_is_reproducible_per_seed_and_step_and_covers_the_uncertain_tests
     # t3 is certain (every hypothesis says o0); the other three are uncertain and all get drawn.
     assert chosen == {0, 1, 2}
     assert picks[0] in chosen
+
+
+# --- the streamed statistics: singleton classes, and big and small classes mixed -----------------
+
+
+def with_classes(model: ref.Model, sizes: list[int], rng: random.Random) -> ref.Model:
+    """``model`` with its hypotheses dealt into classes of the given sizes (in a shuffled order,
+    so compilation has to regroup them)."""
+    labels = [f"c{c}" for c, size in enumerate(sizes) for _ in range(size)]
+    rng.shuffle(labels)
+    return dataclasses.replace(model, classes=labels)
+
+
+def compare_with_reference(model: ref.Model, observations, policy: str, where: str) -> bool:
+    """The engine's stop and scores against the reference; True when scores were compared."""
+    inst = compile_model(model)
+    rules = StopRules(max_tests=100) if not model.deterministic else StopRules()
+    decision = engine.next_step(inst, engine.parse_observations(inst, labelled(observations)), policy, rules)
+    expected = ref.decide(model, observations, policy, max_tests=rules.max_tests)
+    assert (decision.stop_reason.value if decision.stop_reason else None) == expected.stop, where
+    if expected.stop not in (None, "no_informative_test"):
+        return False
+    unit = sum(ref.version_space_mass(model, observations)) ** POWER.get(policy, 0)
+    for t, score in enumerate(expected.scores):
+        if score is None:
+            assert math.isnan(decision.scores[t]), f"{where}: test {t} was run, has a score"
+        else:
+            assert_close(decision.scores[t], score, unit / model.costs[t], f"{where}, test {t}")
+    return True
+
+
+@pytest.mark.parametrize(
+    "kind,policy",
+    [("deterministic", p) for p in DETERMINISTIC_POLICIES] + [("likelihood", p) for p in LIKELIHOOD_POLICIES],
+)
+def test_every_hypothesis_its_own_class_agrees_with_the_reference(kind, policy):
+    # The default class (= the hypothesis id): the singleton path, which never builds α.
+    compared = 0
+    for seed in range(80):
+        model, observations = random_case(10_000 + seed, kind)
+        model = dataclasses.replace(model, classes=list(model.hypothesis_ids))
+        compared += compare_with_reference(model, observations, policy, f"seed {seed}, {policy}")
+    assert compared >= 40, f"only {compared} instances were scored"
+
+
+# (small-class cells, block cells) as multiples of the number of tests: the defaults, then classes
+# of ≥ 4 rows taken as big with 3-row blocks, so big classes span several blocks and runs of small
+# classes are cut into blocks of whole classes (one class larger than a block is a block alone).
+PATH_SETTINGS = {"defaults": None, "tiny blocks": (4, 3)}
+
+
+def mixed_classes_case(seed: int, kind: str):
+    """Several hypotheses per class in some classes, one in others (sizes 1–9), ≤ 5 tests of 2–4
+    outcomes, non-uniform priors and costs, a few observations from a random true hypothesis."""
+    rng = random.Random(seed)
+    shape = ref.random_model(rng, kind, max_hypotheses=2, max_tests=5)
+    sizes = [rng.choice((1, 1, 1, 2, 3, 5, 9)) for _ in range(rng.randint(3, 8))]
+    n = sum(sizes)
+    rows = [ref.random_model(rng, kind, max_hypotheses=2, max_tests=5) for _ in range(n)]
+    model = ref.Model(
+        arity=shape.arity, costs=shape.costs, classes=[], prior=[rng.uniform(0.05, 1.0) for _ in range(n)],
+        hypothesis_ids=[f"h{i}" for i in range(n)],
+    )
+    if kind == "deterministic":
+        model.outcomes = [[rng.randrange(a) for a in shape.arity] for _ in range(n)]
+    else:
+        model.likelihood = [[random_likelihood_cell(rng, a) for a in shape.arity] for _ in rows]
+    model = with_classes(model, sizes, rng)
+    truth = rng.randrange(n)
+    tests = list(range(model.n_tests))
+    rng.shuffle(tests)
+    observations = [(t, ref.sample_outcome(model, rng, truth, t)) for t in tests[: rng.randint(0, 2)]]
+    return model, observations, sizes
+
+
+def random_likelihood_cell(rng: random.Random, arity: int) -> list[float]:
+    """As in reference.random_model: sometimes an exact answer (zero likelihoods happen)."""
+    if rng.random() < 0.15:
+        cell = [0.0] * arity
+        cell[rng.randrange(arity)] = 1.0
+        return cell
+    raw = [rng.uniform(0.02, 1.0) for _ in range(arity)]
+    return [x / sum(raw) for x in raw]
+
+
+@pytest.mark.parametrize("setting", sorted(PATH_SETTINGS))
+@pytest.mark.parametrize(
+    "kind,policy",
+    [("deterministic", p) for p in DETERMINISTIC_POLICIES] + [("likelihood", p) for p in LIKELIHOOD_POLICIES],
+)
+def test_big_and_small_classes_mixed_agree_with_the_reference(kind, policy, setting, monkeypatch):
+    compared = 0
+    for seed in range(30):
+        model, observations, sizes = mixed_classes_case(20_000 + seed, kind)
+        if PATH_SETTINGS[setting] is not None:
+            small, block = PATH_SETTINGS[setting]
+            monkeypatch.setattr(belief_module, "_SMALL_CLASS_CELLS", small * model.n_tests)
+            monkeypatch.setattr(belief_module, "_BLOCK_CELLS", block * model.n_tests)
+        compared += compare_with_reference(model, observations, policy, f"seed {seed}, {policy}, sizes {sizes}")
+    assert compared >= 12, f"only {compared} instances were scored"
+
+
+@pytest.mark.parametrize("kind", ["deterministic", "likelihood"])
+def test_streamed_statistics_equal_the_dense_alpha_at_the_default_block_sizes(kind):
+    # Big enough for every path at the default sizes: a 700-row class (700 × 20 cells ≥ 2¹³, so
+    # per-class GEMVs), runs of singletons and of small classes (2–5 rows), with part of the
+    # hypotheses ruled out so the alive rows are gathered, not sliced. Checked against α built
+    # densely here, (classes, tests, outcomes), and reduced in the obvious way.
+    rng = np.random.default_rng(3)
+    n_tests, width = 20, 3
+    sizes = [700] + [1] * 900 + list(rng.integers(2, 6, size=150)) + [1] * 300
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    rng.shuffle(labels)
+    n = len(labels)
+    tests = [{"id": f"t{t}", "outcomes": ["a", "b", "c"]} for t in range(n_tests)]
+    payload = {"tests": tests, "classes": [f"c{c}" for c in labels],
+               "priors": list(rng.uniform(0.05, 1.0, size=n))}
+    if kind == "deterministic":
+        payload["matrix"] = rng.integers(0, width, size=(n, n_tests)).tolist()
+        observations = [("t0", "b")]
+    else:
+        raw = rng.uniform(0.02, 1.0, size=(n, n_tests, width))
+        payload["likelihood_matrix"] = (raw / raw.sum(axis=2, keepdims=True)).tolist()
+        observations = [("t0", "b"), ("t1", "a")]
+    inst = engine.compile_instance(Instance.model_validate(payload))
+    belief = engine.observe(inst, engine.parse_observations(inst, observations))
+    stats = belief.outcome_stats()
+
+    if kind == "deterministic":
+        per_hypothesis = np.eye(width)[inst.outcomes[belief.alive]]  # (|V|, N, ℓ) one-hot
+    else:
+        per_hypothesis = inst.likelihood[belief.alive]
+    alpha = np.zeros((inst.n_classes, n_tests, width))
+    np.add.at(alpha, inst.class_index[belief.alive], belief.mass[:, None, None] * per_hypothesis)
+    a = alpha / belief.total_mass
+    dense = {"p": a.sum(axis=0), "sum_sq": (a * a).sum(axis=0),
+             "sum_xlogx": belief_module.xlog2x(a).sum(axis=0), "max": a.max(axis=0)}
+    for name, expected in dense.items():
+        got = getattr(stats, name)
+        assert got.shape == (n_tests, width)
+        assert np.allclose(got, expected, rtol=1e-9, atol=1e-15), name
+    # The maximum is exact (no smooth bound): it differs from the dense one by summation order only.
+    assert np.allclose(stats.max, dense["max"], rtol=1e-13, atol=0)
+    assert np.allclose(stats.b, belief.class_mass / belief.total_mass, rtol=0, atol=0)

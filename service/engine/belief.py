@@ -1,5 +1,6 @@
 """What is known after some observations: the version space (deterministic instances) or the
-exact Bayesian posterior kept in log space (likelihood instances), and the masses α(i, x)."""
+exact Bayesian posterior kept in log space (likelihood instances), and the reductions over classes
+of the masses α(i, t, x) that the policies read (:class:`OutcomeStats`)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,42 @@ from .errors import ConflictingObservation, InconsistentObservation, UnknownOutc
 
 Observation = tuple[int, int]  # (test index, outcome index)
 
+# The statistics a policy may ask for beyond p (always computed): see :class:`OutcomeStats`.
+STATISTICS = frozenset({"sum_sq", "sum_xlogx", "max"})
+
 # Cells (rows × tests) per block when accumulating α. Two reasons, both measured in bench/engine.py:
 # the block's float64 image stays in cache, and it stays under OpenBLAS's threshold for threading
 # a GEMV (about 4·10⁵ cells): on this shared 2-core machine a threaded GEMV waits for the busy
 # core and one step took 150 ms instead of 3 ms with 512 × 1000 blocks.
 _BLOCK_CELLS = 1 << 17
+# Below this many cells (rows × tests) a class is "small": a per-class GEMV loop would cost more
+# in Python overhead than it saves, so small classes are reduced many at a time (see
+# Belief.outcome_stats). Singletons are always small.
+_SMALL_CLASS_CELLS = 1 << 13
+
+
+@dataclass(frozen=True, eq=False)
+class OutcomeStats:
+    """Everything the policies read about the masses α, normalised by M = P(V).
+
+    With a(i, t, x) = α(i, t, x)/M, per test t and outcome x (arrays of shape (N, ℓ)):
+    ``p`` = Σ_i a(i, t, x) = P(X_t = x | x_A), ``sum_sq`` = Σ_i a², ``sum_xlogx`` = Σ_i a log₂ a,
+    ``max`` = max_i a (exact); ``b`` (C,) = β(i)/M, the class posterior. The optional three are
+    ``None`` unless asked for (:data:`STATISTICS`). Outcomes beyond a test's arity have 0 mass.
+    Entries that are exactly 0 may carry round-off of order 1e-17 (complements β − Σ others).
+    """
+
+    p: np.ndarray
+    b: np.ndarray
+    sum_sq: np.ndarray | None = None
+    sum_xlogx: np.ndarray | None = None
+    max: np.ndarray | None = None
+
+
+def xlog2x(x: np.ndarray) -> np.ndarray:
+    """x log₂ x elementwise, 0 at x = 0 (its limit)."""
+    positive = x > 0
+    return np.where(positive, x * np.log2(np.where(positive, x, 1.0)), 0.0)
 
 
 def parse_observations(inst: CompiledInstance, labelled: Iterable[tuple[str, str]]) -> list[Observation]:
@@ -85,62 +117,25 @@ class Belief:
     def class_posterior(self) -> np.ndarray:
         return self.class_mass / self.class_mass.sum()
 
-    @cached_property
-    def alpha(self) -> np.ndarray:
-        """α(i, t, x) = Σ_{h ∈ H_i ∩ V} w(h) P(X_t = x | h), shape (classes, tests, outcomes).
+    def outcome_stats(self, statistics: Iterable[str] = STATISTICS) -> OutcomeStats:
+        """The per-(test, outcome) reductions over classes that every policy needs, in one pass.
 
-        Hypotheses are stored grouped by class, so each class is a contiguous block of the alive
-        rows and α is one weighted pass (a GEMV per block and outcome) over the alive cells:
-        O(|V|·N), never O(|V|²). One outcome per test comes free from β(i) = Σ_x α(i, t, x):
+        With a(i, t, x) = α(i, t, x)/M and α(i, t, x) = Σ_{h ∈ H_i ∩ V} w(h) P(X_t = x | h):
+        ``p`` = Σ_i a always, and those of ``sum_sq`` = Σ_i a², ``sum_xlogx`` = Σ_i a log₂ a,
+        ``max`` = max_i a that are asked for. The (classes × tests × outcomes) tensor α is never
+        built: O(|V|·N) time and O(N·ℓ) memory beyond blocks of ≤ 2¹⁷ cells (section 3's fast
+        method; the per-class sums are what makes Σ_i a² possible without edge lists).
 
-        * deterministic: outcomes k ≥ 2 by comparison, then outcome 1 from the first moment
-          Σ_h w(h)·X_ht (a GEMV on the stored integers, no comparison: a quarter less work on
-          binary tests), outcome 0 = β − Σ(others);
-        * likelihoods: outcomes 0 … ℓ−2 from the tensor, the last = β − Σ(others), masked to 0
-          beyond a test's arity.
+        Hypotheses are stored grouped by class, so each class is a contiguous run of alive rows:
 
-        The subtractions leave round-off of order 1e-17·β where the exact value is 0; the
-        policies' zero tolerance absorbs it (and evaluate.policy_tree does not branch on it).
+        * a class with many cells (rows·N ≥ 2¹³) gets α(i, ·, ·) by a BLAS GEMV per block of
+          rows, then is folded into the statistics;
+        * runs of small classes are cut into blocks of whole classes. A block of singletons
+          (the default, class = hypothesis) needs no α at all: α(h, t, x) = w(h)·[X_ht = x], so
+          Σ_i a^m and Σ_i a log a are the weights w, w², w log w against the one-hot [X = x] (one
+          GEMM); a block of other small classes sums its rows per class with ``np.add.reduceat``.
         """
-        inst = self.instance
-        width = inst.max_outcomes
-        alpha = np.zeros((inst.n_classes, inst.n_tests, width))
-        classes = inst.class_index[self.alive]
-        bounds = np.flatnonzero(np.diff(classes)) + 1
-        starts = np.concatenate(([0], bounds))
-        ends = np.concatenate((bounds, [len(classes)]))
-        full = len(self.alive) == inst.n_hypotheses
-        block_rows = max(1, _BLOCK_CELLS // inst.n_tests)
-        deterministic = inst.outcomes is not None
-        by_outcome = None if deterministic else inst.likelihood_by_outcome
-        moment = np.zeros((inst.n_classes, inst.n_tests)) if deterministic else None
-        for start, end in zip(starts, ends):
-            c = classes[start]
-            for block in range(start, end, block_rows):
-                stop = min(end, block + block_rows)
-                rows = slice(block, stop) if full else self.alive[block:stop]
-                weight = self.mass[block:stop]
-                if deterministic:
-                    cells = inst.outcomes[rows]
-                    moment[c] += weight @ cells
-                    for k in range(2, width):
-                        alpha[c, :, k] += weight @ (cells == k)
-                else:
-                    # (rows, N) with unit stride along tests: a GEMV straight on the stored tensor.
-                    for k in range(width - 1):
-                        alpha[c, :, k] += weight @ by_outcome[rows, k]
-        beta = self.class_mass[:, None]
-        if deterministic:
-            if width >= 2:
-                alpha[:, :, 1] = moment - alpha[:, :, 2:] @ np.arange(2, width, dtype=np.float64)
-            alpha[:, :, 0] = beta - alpha[:, :, 1:].sum(axis=2)
-        else:
-            alpha[:, :, width - 1] = beta - alpha[:, :, : width - 1].sum(axis=2)
-            arity = np.array([len(labels) for labels in inst.outcome_labels])
-            alpha[:, arity < width, width - 1] = 0.0
-        np.maximum(alpha, 0.0, out=alpha)  # the subtractions may leave −1e-17
-        return alpha
-
+        return _accumulate(self, frozenset(statistics))
 
 def initial_belief(inst: CompiledInstance) -> Belief:
     alive = np.flatnonzero(inst.prior > 0)
@@ -179,3 +174,219 @@ def _inconsistent_message(inst: CompiledInstance, observations: Sequence[Observa
         f"observing '{inst.outcome_labels[t][k]}' on test '{inst.test_ids[t]}' contradicts every "
         "remaining hypothesis"
     )
+
+
+class _Sums:
+    """Running reductions over classes of a(i, t, x), fed class by class or block by block."""
+
+    def __init__(self, n_tests: int, width: int, wanted: frozenset[str]):
+        self.width = width
+        self.p = np.zeros((n_tests, width))
+        self.sum_sq = np.zeros((n_tests, width)) if "sum_sq" in wanted else None
+        self.sum_xlogx = np.zeros((n_tests, width)) if "sum_xlogx" in wanted else None
+        self.max = np.zeros((n_tests, width)) if "max" in wanted else None
+        # Singletons' linear sums Σ_h u(h)·[X_ht = x] for the weights u = w, w², w log₂ w, kept
+        # apart until the end so outcomes 0 and 1 come once from totals and first moments.
+        self.linear_weights = [s for s in ("p", "sum_sq", "sum_xlogx") if getattr(self, s) is not None]
+        self.linear = np.zeros((len(self.linear_weights), n_tests, width))
+        self.moment = np.zeros((len(self.linear_weights), n_tests))
+        self.total = np.zeros((len(self.linear_weights), 1))
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def add_outcome(self, k: int, a: np.ndarray) -> None:
+        """Fold in a(i, ·, k) for a block of classes i: ``a`` is (classes, N)."""
+        self.p[:, k] += a.sum(axis=0)
+        if self.sum_sq is not None:
+            self.sum_sq[:, k] += np.einsum("cn,cn->n", a, a)
+        if self.sum_xlogx is not None:
+            self.sum_xlogx[:, k] += xlog2x(a).sum(axis=0)
+        if self.max is not None:
+            np.maximum(self.max[:, k], a.max(axis=0), out=self.max[:, k])
+
+    def add_class(self, a: np.ndarray) -> None:
+        """Fold in one class's a(i, ·, ·), (N, ℓ)."""
+        self.p += a
+        if self.sum_sq is not None:
+            self.sum_sq += a * a
+        if self.sum_xlogx is not None:
+            self.sum_xlogx += xlog2x(a)
+        if self.max is not None:
+            np.maximum(self.max, a, out=self.max)
+
+    def linear_weight_rows(self, weight: np.ndarray) -> list[np.ndarray]:
+        rows = {"p": weight, "sum_sq": weight * weight}
+        if self.sum_xlogx is not None:
+            rows["sum_xlogx"] = weight * np.log2(weight)
+        return [rows[s] for s in self.linear_weights]
+
+    def buffer(self, shape: tuple[int, int], dtype=np.float64) -> np.ndarray:
+        """A reused block-sized scratch array: a fresh 1 MB temporary per block is served by
+        mmap and page-faulted anew each time (measured 6× slower than the GEMVs themselves)."""
+        key = np.dtype(dtype).char
+        held = self.buffers.get(key)
+        if held is None or held.shape[0] < shape[0] or held.shape[1] != shape[1]:
+            held = self.buffers[key] = np.empty(shape, dtype)
+        return held[: shape[0]]
+
+    def add_singletons(self, cells: np.ndarray, weight: np.ndarray) -> None:
+        """Deterministic singleton classes: a(h, t, x) = w(h)·[X_ht = x], so each statistic is
+        a weighted count; outcomes ≥ 2 by comparison, 1 and 0 later from moments and totals.
+        One float image of the block serves a GEMV per weight (w, w², w log w): a GEMM with
+        those few rows is slower in OpenBLAS than the separate GEMVs."""
+        weights = self.linear_weight_rows(weight)
+        image = self.buffer(cells.shape)
+        if self.width > 2 or self.max is not None:
+            mask = self.buffer(cells.shape, bool)
+        for k in range(2, self.width):
+            np.equal(cells, k, out=mask)
+            np.copyto(image, mask)
+            for position, u in enumerate(weights):
+                self.linear[position, :, k] += u @ image
+        if self.width >= 2:
+            np.copyto(image, cells)
+            for position, u in enumerate(weights):
+                self.moment[position] += u @ image
+        self.total += np.array([[u.sum()] for u in weights])
+        if self.max is not None:
+            column = weight[:, None]
+            for k in range(self.width):
+                np.equal(cells, k, out=mask)
+                np.multiply(mask, column, out=image)
+                np.maximum(self.max[:, k], image.max(axis=0), out=self.max[:, k])
+
+    def finish(self, b: np.ndarray) -> OutcomeStats:
+        if self.total.any():
+            linear = self.linear
+            if self.width >= 2:
+                linear[:, :, 1] = self.moment - linear[:, :, 2:] @ np.arange(2, self.width, dtype=np.float64)
+            linear[:, :, 0] = self.total - linear[:, :, 1:].sum(axis=2)
+            for position, name in enumerate(self.linear_weights):
+                target = getattr(self, name)
+                # The complements may leave ±1e-17 where the exact value is 0.
+                if name == "sum_xlogx":
+                    target += np.minimum(linear[position], 0.0)
+                else:
+                    target += np.maximum(linear[position], 0.0)
+        # Hold the sums to the bounds they obey exactly, 0 ≤ Σ_i a² ≤ p² and Σ_i a log a ≤ p log p
+        # (every a(i, x) ≤ p(x)): where p(x) is a complement's round-off (1e-17 instead of 0), its
+        # partner sums are round-off too, and an unbounded ratio Σa²/p would be noise of order 1.
+        if self.sum_sq is not None:
+            np.clip(self.sum_sq, 0.0, self.p * self.p, out=self.sum_sq)
+        if self.sum_xlogx is not None:
+            np.minimum(self.sum_xlogx, xlog2x(self.p), out=self.sum_xlogx)
+        return OutcomeStats(self.p, b, self.sum_sq, self.sum_xlogx, self.max)
+
+
+def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
+    inst = belief.instance
+    n_tests, width = inst.n_tests, inst.max_outcomes
+    total = belief.total_mass
+    weight = belief.mass / total
+    sums = _Sums(n_tests, width, wanted)
+    deterministic = inst.outcomes is not None
+    by_outcome = None if deterministic else inst.likelihood_by_outcome
+    full = len(belief.alive) == inst.n_hypotheses
+
+    def rows_of(start: int, stop: int):
+        return slice(start, stop) if full else belief.alive[start:stop]
+
+    classes = inst.class_index[belief.alive]
+    bounds = np.flatnonzero(np.diff(classes)) + 1
+    starts = np.concatenate(([0], bounds))
+    ends = np.concatenate((bounds, [len(classes)]))
+    sizes = ends - starts
+    small = (sizes == 1) | (sizes * n_tests < _SMALL_CLASS_CELLS)
+    block_rows = max(1, _BLOCK_CELLS // n_tests)
+    # Blocks of small likelihood classes take all ℓ outcomes of a row at once.
+    small_rows = block_rows if deterministic else max(1, _BLOCK_CELLS // (n_tests * width))
+    kind_changes = np.flatnonzero(np.diff(small.astype(np.int8))) + 1
+    for first, last in zip(np.concatenate(([0], kind_changes)), np.concatenate((kind_changes, [len(starts)]))):
+        if not small[first]:
+            for c in range(first, last):
+                sums.add_class(_class_alpha(inst, rows_of, weight, starts[c], ends[c], block_rows))
+            continue
+        boundaries = np.concatenate((starts[first:last], [ends[last - 1]]))
+        i = 0
+        while i < len(boundaries) - 1:
+            # The next block: as many whole classes as fit in small_rows rows (at least one).
+            j = max(i + 1, int(np.searchsorted(boundaries, boundaries[i] + small_rows, side="right")) - 1)
+            start, stop = int(boundaries[i]), int(boundaries[j])
+            rows, w = rows_of(start, stop), weight[start:stop]
+            if deterministic and j - i == stop - start:
+                sums.add_singletons(inst.outcomes[rows], w)
+            elif deterministic:
+                cells, column, offsets = inst.outcomes[rows], w[:, None], boundaries[i:j] - start
+                for k in range(width):
+                    sums.add_outcome(k, np.add.reduceat(column * (cells == k), offsets, axis=0))
+            else:
+                _add_likelihood_block(sums, by_outcome, rows, w, boundaries[i:j] - start, j - i == stop - start)
+            i = j
+    return sums.finish(belief.class_mass / total)
+
+
+def _class_alpha(inst: CompiledInstance, rows_of, weight: np.ndarray, start: int, end: int,
+                 block_rows: int) -> np.ndarray:
+    """a(i, t, x) of one class whose alive rows are start:end, (N, ℓ): a GEMV per block of rows
+    and outcome. One outcome per test comes free from b(i) = Σ_x a(i, t, x):
+
+    * deterministic: outcomes k ≥ 2 by comparison, then outcome 1 from the first moment
+      Σ_h w(h)·X_ht (a GEMV on the stored integers, no comparison: a quarter less work on
+      binary tests), outcome 0 = b − Σ(others);
+    * likelihoods: outcomes 0 … ℓ−2 from the tensor, the last = b − Σ(others), masked to 0
+      beyond a test's arity.
+    """
+    width = inst.max_outcomes
+    alpha = np.zeros((inst.n_tests, width))
+    deterministic = inst.outcomes is not None
+    moment = np.zeros(inst.n_tests)
+    for block in range(start, end, block_rows):
+        stop = min(end, block + block_rows)
+        rows, w = rows_of(block, stop), weight[block:stop]
+        if deterministic:
+            cells = inst.outcomes[rows]
+            moment += w @ cells
+            for k in range(2, width):
+                alpha[:, k] += w @ (cells == k)
+        else:
+            # (rows, N) with unit stride along tests: a GEMV straight on the stored tensor.
+            by_outcome = inst.likelihood_by_outcome
+            for k in range(width - 1):
+                alpha[:, k] += w @ by_outcome[rows, k]
+    beta = weight[start:end].sum()
+    if deterministic:
+        if width >= 2:
+            alpha[:, 1] = moment - alpha[:, 2:] @ np.arange(2, width, dtype=np.float64)
+        alpha[:, 0] = beta - alpha[:, 1:].sum(axis=1)
+    else:
+        alpha[:, width - 1] = beta - alpha[:, : width - 1].sum(axis=1)
+        arity = np.array([len(labels) for labels in inst.outcome_labels])
+        alpha[arity < width, width - 1] = 0.0
+    np.maximum(alpha, 0.0, out=alpha)  # the subtractions may leave −1e-17
+    return alpha
+
+
+def _add_likelihood_block(sums: _Sums, by_outcome: np.ndarray, rows, weight: np.ndarray,
+                          offsets: np.ndarray, singletons: bool) -> None:
+    """A block of small classes of a likelihood instance: a(i, t, x) = Σ_h w(h) P(x | h, t).
+    Singletons need no per-class sum: Σ_i a² = (w²)·L², Σ_i a log a = (w log w)·L + w·(L log L).
+    The block's (rows, ℓ, N) likelihoods are contiguous, so each statistic is one GEMV over
+    all outcomes at once."""
+    n_rows, width, n_tests = len(weight), by_outcome.shape[1], by_outcome.shape[2]
+    cells = by_outcome[rows].reshape(n_rows, width * n_tests)
+
+    def add(target: np.ndarray, flat: np.ndarray) -> None:
+        target += flat.reshape(width, n_tests).T
+
+    if not singletons:
+        a = np.add.reduceat(weight[:, None] * cells, offsets, axis=0).reshape(-1, width, n_tests)
+        for k in range(width):
+            sums.add_outcome(k, a[:, k])
+        return
+    add(sums.p, weight @ cells)
+    if sums.sum_sq is not None:
+        add(sums.sum_sq, (weight * weight) @ np.square(cells, out=sums.buffer(cells.shape)))
+    if sums.sum_xlogx is not None:
+        add(sums.sum_xlogx, (weight * np.log2(weight)) @ cells + weight @ xlog2x(cells))
+    if sums.max is not None:
+        scaled = np.multiply(cells, weight[:, None], out=sums.buffer(cells.shape))
+        np.maximum(sums.max, scaled.max(axis=0).reshape(width, n_tests).T, out=sums.max)

@@ -10,7 +10,7 @@ import numpy as np
 from .belief import Belief, Observation, observe
 from .compiled import CompiledInstance
 from .errors import PolicyNotApplicable, UnknownPolicy
-from .policies import POLICIES, Policy, ec2_gain, normalised_masses
+from .policies import POLICIES, Policy, ec2_gain
 
 # A normalised gain at or below this is zero: it is round-off, not information.
 ZERO_GAIN = 1e-12
@@ -94,14 +94,17 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     if rules.max_tests is not None and len(belief.observations) >= rules.max_tests:
         return stop(StopReason.MAX_TESTS)
     unrun = ~belief.run_tests
-    a, b = normalised_masses(belief)
+    # One pass over the alive cells computes what the policy reads (and, on deterministic
+    # instances, what the indistinguishability check reads: Δ_EC needs Σ_i a²).
+    statistics = policy.statistics | (POLICIES["ec2"].statistics if inst.kind == "deterministic" else frozenset())
+    stats = belief.outcome_stats(statistics)
     if inst.kind == "deterministic":
         # Policy-independent: can any unrun test still cut an edge between classes?
-        if not (ec2_gain(a, b)[unrun] > ZERO_GAIN).any():
+        if not (ec2_gain(stats)[unrun] > ZERO_GAIN).any():
             return stop(StopReason.INDISTINGUISHABLE)
     if not unrun.any():
         return stop(StopReason.TESTS_EXHAUSTED)
-    gain = policy.gain(a, b)
+    gain = policy.gain(stats)
     eligible = unrun.copy()
     if rules.max_cost is not None:
         eligible &= inst.costs <= rules.max_cost - belief.cost_spent + 1e-12
