@@ -5,10 +5,11 @@
     python3 bench/engine.py --all      # also effecxtive at (1e5, 1e3, 4-ary): 3.2 GB of likelihoods
 
 A step is ``engine.next_step(inst, [], policy)`` with every hypothesis alive: the belief, the
-masses α(class, test, outcome) and the gains of all N tests, then the choice. Instances have 20
-classes, a random prior and random answers; they are built as arrays directly (as
-``compile_instance`` lays them out: rows grouped by class, likelihoods outcome-major), because
-the wire form of 10⁸ cells is not what is being measured.
+statistics of the masses α(class, test, outcome) the policy reads (Belief.outcome_stats) and the
+gains of all N tests, then the choice. Instances have 20 classes, or at (1e4, 1e3) also C = n
+(every hypothesis its own class, the wire form's default), a random prior and random answers;
+they are built as arrays directly (as ``compile_instance`` lays them out: rows grouped by class,
+likelihoods outcome-major), because the wire form of 10⁸ cells is not what is being measured.
 
 The floor is one vectorised pass over the same cells, ``(X == k).sum(0)`` for every outcome k
 (deterministic) or one ``sum(0)`` over the likelihood tensor: no step can read its input in less.
@@ -34,18 +35,29 @@ from service import engine  # noqa: E402
 
 N_CLASSES = 20
 SIZES = [(1_000, 100), (10_000, 1_000), (100_000, 1_000)]
-GOALS = {  # (policy, n, N, ℓ) -> milliseconds (issue 2)
-    ("ec2", 10_000, 1_000, 2): 5.0,
-    ("ec2", 100_000, 1_000, 2): 60.0,
-    ("ec2", 100_000, 1_000, 4): 60.0,
-    ("effecxtive", 10_000, 1_000, 2): 30.0,
-    ("effecxtive", 10_000, 1_000, 4): 30.0,
+SINGLETON_SIZES = [(10_000, 1_000)]  # also run with C = n classes
+GOALS = {  # (policy, n, N, ℓ, classes) -> milliseconds (issue 2; C = n: every hypothesis its class)
+    ("ec2", 10_000, 1_000, 2, N_CLASSES): 5.0,
+    ("ec2", 10_000, 1_000, 4, N_CLASSES): 30.0,
+    ("ec2", 10_000, 1_000, 2, "n"): 30.0,
+    ("ec2", 10_000, 1_000, 4, "n"): 30.0,
+    ("ec2", 100_000, 1_000, 2, N_CLASSES): 60.0,
+    ("ec2", 100_000, 1_000, 4, N_CLASSES): 60.0,
+    ("effecxtive", 10_000, 1_000, 2, N_CLASSES): 30.0,
+    ("effecxtive", 10_000, 1_000, 4, N_CLASSES): 30.0,
+    ("effecxtive", 10_000, 1_000, 2, "n"): 30.0,
+    ("effecxtive", 10_000, 1_000, 4, "n"): 30.0,
 }
 
 
-def make_instance(n: int, n_tests: int, arity: int, kind: str, seed: int = 0) -> engine.CompiledInstance:
+def make_instance(n: int, n_tests: int, arity: int, kind: str, seed: int = 0,
+                  n_classes: int = N_CLASSES) -> engine.CompiledInstance:
+    """Random answers and prior; ``n_classes = n`` gives every hypothesis its own class."""
     rng = np.random.default_rng(seed)
-    class_index = np.sort(rng.integers(0, N_CLASSES, size=n)).astype(np.intp)
+    if n_classes == n:
+        class_index = np.arange(n, dtype=np.intp)
+    else:
+        class_index = np.sort(rng.integers(0, n_classes, size=n)).astype(np.intp)
     prior = rng.random(n) + 0.05
     prior /= prior.sum()
     common = dict(
@@ -53,7 +65,7 @@ def make_instance(n: int, n_tests: int, arity: int, kind: str, seed: int = 0) ->
         outcome_labels=tuple(tuple(str(k) for k in range(arity)) for _ in range(n_tests)),
         costs=rng.choice([1.0, 2.0, 3.0], size=n_tests),
         hypothesis_ids=tuple(f"h{i}" for i in range(n)),
-        class_labels=tuple(f"c{i}" for i in range(N_CLASSES)),
+        class_labels=tuple(f"c{i}" for i in range(n_classes)),
         class_index=class_index,
         prior=prior,
     )
@@ -122,25 +134,26 @@ def main() -> None:
 
     sizes = SIZES[:2] if args.quick else SIZES
     rows = []
-    print(f"{'policy':<11} {'form':<13} {'n':>7} {'N':>5} {'ℓ':>2} {'step ms':>8} {'floor ms':>9} "
+    print(f"{'policy':<11} {'form':<13} {'n':>7} {'N':>5} {'ℓ':>2} {'C':>6} {'step ms':>8} {'floor ms':>9} "
           f"{'×floor':>7} {'goal ms':>8} {'step peak MB':>13} {'instance MB':>12}")
     for policy, kind in (("ec2", "deterministic"), ("effecxtive", "likelihood")):
         for n, n_tests in sizes:
             for arity in (2, 4):
-                if kind == "likelihood" and n >= 100_000 and arity == 4 and not args.all:
-                    continue
-                inst = make_instance(n, n_tests, arity, kind)
-                repeats = args.repeats if n * n_tests <= 10**7 else max(5, args.repeats // 3)
-                step = median_ms(lambda: engine.next_step(inst, [], policy), repeats)
-                floor = median_ms(floor_pass(inst), repeats)
-                peak = step_peak_mb(inst, policy)
-                goal = GOALS.get((policy, n, n_tests, arity))
-                goal_text = "" if goal is None else f"{goal:.0f}{' ok' if step <= goal else ' MISS'}"
-                rows.append((policy, kind, n, n_tests, arity, step, floor))
-                print(f"{policy:<11} {kind:<13} {n:>7} {n_tests:>5} {arity:>2} {step:>8.2f} {floor:>9.2f} "
-                      f"{step / floor:>7.2f} {goal_text:>8} {peak:>13.1f} {inst.nbytes / 2**20:>12.1f}",
-                      flush=True)
-                del inst
+                for classes in (N_CLASSES, "n") if (n, n_tests) in SINGLETON_SIZES else (N_CLASSES,):
+                    if kind == "likelihood" and n >= 100_000 and arity == 4 and not args.all:
+                        continue
+                    inst = make_instance(n, n_tests, arity, kind, n_classes=n if classes == "n" else classes)
+                    repeats = args.repeats if n * n_tests <= 10**7 else max(5, args.repeats // 3)
+                    step = median_ms(lambda: engine.next_step(inst, [], policy), repeats)
+                    floor = median_ms(floor_pass(inst), repeats)
+                    peak = step_peak_mb(inst, policy)
+                    goal = GOALS.get((policy, n, n_tests, arity, classes))
+                    goal_text = "" if goal is None else f"{goal:.0f}{' ok' if step <= goal else ' MISS'}"
+                    rows.append((policy, kind, n, n_tests, arity, classes, step, floor))
+                    print(f"{policy:<11} {kind:<13} {n:>7} {n_tests:>5} {arity:>2} {classes:>6} {step:>8.2f} "
+                          f"{floor:>9.2f} {step / floor:>7.2f} {goal_text:>8} {peak:>13.1f} "
+                          f"{inst.nbytes / 2**20:>12.1f}", flush=True)
+                    del inst
 
     reference_ms, engine_ms, sampled = reference_speedup(args.repeats)
     print(f"\nEC² on (500, 50), binary: naive reference {reference_ms:.0f} ms per step "
@@ -148,7 +161,8 @@ def main() -> None:
           f"speed-up ×{reference_ms / engine_ms:,.0f}")
     print(f"process peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MB")
     print("goal for EC² at (1e4, 1e3, binary): within 3× of the floor -> "
-          + next(f"{s / f:.2f}×" for p, k, n, N, a, s, f in rows if (p, n, N, a) == ("ec2", 10_000, 1_000, 2)))
+          + next(f"{s / f:.2f}×" for p, k, n, N, a, c, s, f in rows
+                 if (p, n, N, a, c) == ("ec2", 10_000, 1_000, 2, N_CLASSES)))
 
 
 if __name__ == "__main__":

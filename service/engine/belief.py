@@ -26,7 +26,7 @@ _BLOCK_CELLS = 1 << 17
 # Below this many cells (rows × tests) a class is "small": a per-class GEMV loop would cost more
 # in Python overhead than it saves, so small classes are reduced many at a time (see
 # Belief.outcome_stats). Singletons are always small.
-_SMALL_CLASS_CELLS = 1 << 13
+_SMALL_CLASS_CELLS = 1 << 12
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,7 +128,7 @@ class Belief:
 
         Hypotheses are stored grouped by class, so each class is a contiguous run of alive rows:
 
-        * a class with many cells (rows·N ≥ 2¹³) gets α(i, ·, ·) by a BLAS GEMV per block of
+        * a class with many cells (rows·N ≥ 2¹²) gets α(i, ·, ·) by a BLAS GEMV per block of
           rows, then is folded into the statistics;
         * runs of small classes are cut into blocks of whole classes. A block of singletons
           (the default, class = hypothesis) needs no α at all: α(h, t, x) = w(h)·[X_ht = x], so
@@ -192,6 +192,7 @@ class _Sums:
         self.moment = np.zeros((len(self.linear_weights), n_tests))
         self.total = np.zeros((len(self.linear_weights), 1))
         self.buffers: dict[str, np.ndarray] = {}
+        self.has_singletons = False
 
     def add_outcome(self, k: int, a: np.ndarray) -> None:
         """Fold in a(i, ·, k) for a block of classes i: ``a`` is (classes, N)."""
@@ -203,15 +204,15 @@ class _Sums:
         if self.max is not None:
             np.maximum(self.max[:, k], a.max(axis=0), out=self.max[:, k])
 
-    def add_class(self, a: np.ndarray) -> None:
-        """Fold in one class's a(i, ·, ·), (N, ℓ)."""
-        self.p += a
+    def add_classes(self, a: np.ndarray) -> None:
+        """Fold in a(i, ·, ·) for a batch of classes i: ``a`` is (classes, N, ℓ)."""
+        self.p += a.sum(axis=0)
         if self.sum_sq is not None:
-            self.sum_sq += a * a
+            self.sum_sq += np.einsum("cnk,cnk->nk", a, a)
         if self.sum_xlogx is not None:
-            self.sum_xlogx += xlog2x(a)
+            self.sum_xlogx += xlog2x(a).sum(axis=0)
         if self.max is not None:
-            np.maximum(self.max, a, out=self.max)
+            np.maximum(self.max, a.max(axis=0), out=self.max)
 
     def linear_weight_rows(self, weight: np.ndarray) -> list[np.ndarray]:
         rows = {"p": weight, "sum_sq": weight * weight}
@@ -247,6 +248,7 @@ class _Sums:
             for position, u in enumerate(weights):
                 self.moment[position] += u @ image
         self.total += np.array([[u.sum()] for u in weights])
+        self.has_singletons = True
         if self.max is not None:
             column = weight[:, None]
             for k in range(self.width):
@@ -255,7 +257,7 @@ class _Sums:
                 np.maximum(self.max[:, k], image.max(axis=0), out=self.max[:, k])
 
     def finish(self, b: np.ndarray) -> OutcomeStats:
-        if self.total.any():
+        if self.has_singletons:
             linear = self.linear
             if self.width >= 2:
                 linear[:, :, 1] = self.moment - linear[:, :, 2:] @ np.arange(2, self.width, dtype=np.float64)
@@ -299,11 +301,17 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
     block_rows = max(1, _BLOCK_CELLS // n_tests)
     # Blocks of small likelihood classes take all ℓ outcomes of a row at once.
     small_rows = block_rows if deterministic else max(1, _BLOCK_CELLS // (n_tests * width))
-    kind_changes = np.flatnonzero(np.diff(small.astype(np.int8))) + 1
+    kind_changes = np.flatnonzero(small[1:] != small[:-1]) + 1 if small.any() else np.empty(0, np.intp)
+    # Big classes' a(i, ·, ·) are folded in batches of ≤ _BLOCK_CELLS numbers: one vectorised
+    # fold instead of a few small numpy calls per class.
+    batch_classes = max(1, _BLOCK_CELLS // (n_tests * width))
+    arity = None if deterministic else np.array([len(labels) for labels in inst.outcome_labels])
     for first, last in zip(np.concatenate(([0], kind_changes)), np.concatenate((kind_changes, [len(starts)]))):
         if not small[first]:
-            for c in range(first, last):
-                sums.add_class(_class_alpha(inst, rows_of, weight, starts[c], ends[c], block_rows))
+            for batch in range(first, last, batch_classes):
+                chosen = slice(batch, min(last, batch + batch_classes))
+                sums.add_classes(_classes_alpha(inst, rows_of, weight, starts[chosen], ends[chosen],
+                                                block_rows, width, arity))
             continue
         boundaries = np.concatenate((starts[first:last], [ends[last - 1]]))
         i = 0
@@ -324,10 +332,10 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
     return sums.finish(belief.class_mass / total)
 
 
-def _class_alpha(inst: CompiledInstance, rows_of, weight: np.ndarray, start: int, end: int,
-                 block_rows: int) -> np.ndarray:
-    """a(i, t, x) of one class whose alive rows are start:end, (N, ℓ): a GEMV per block of rows
-    and outcome. One outcome per test comes free from b(i) = Σ_x a(i, t, x):
+def _classes_alpha(inst: CompiledInstance, rows_of, weight: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   block_rows: int, width: int, arity: np.ndarray | None) -> np.ndarray:
+    """a(i, t, x) of classes whose alive rows are starts[j]:ends[j], (classes, N, ℓ): a GEMV per
+    block of rows and outcome. One outcome per test comes free from b(i) = Σ_x a(i, t, x):
 
     * deterministic: outcomes k ≥ 2 by comparison, then outcome 1 from the first moment
       Σ_h w(h)·X_ht (a GEMV on the stored integers, no comparison: a quarter less work on
@@ -335,32 +343,32 @@ def _class_alpha(inst: CompiledInstance, rows_of, weight: np.ndarray, start: int
     * likelihoods: outcomes 0 … ℓ−2 from the tensor, the last = b − Σ(others), masked to 0
       beyond a test's arity.
     """
-    width = inst.max_outcomes
-    alpha = np.zeros((inst.n_tests, width))
+    alpha = np.zeros((len(starts), inst.n_tests, width))
     deterministic = inst.outcomes is not None
-    moment = np.zeros(inst.n_tests)
-    for block in range(start, end, block_rows):
-        stop = min(end, block + block_rows)
-        rows, w = rows_of(block, stop), weight[block:stop]
-        if deterministic:
-            cells = inst.outcomes[rows]
-            moment += w @ cells
-            for k in range(2, width):
-                alpha[:, k] += w @ (cells == k)
-        else:
-            # (rows, N) with unit stride along tests: a GEMV straight on the stored tensor.
-            by_outcome = inst.likelihood_by_outcome
-            for k in range(width - 1):
-                alpha[:, k] += w @ by_outcome[rows, k]
-    beta = weight[start:end].sum()
+    moment = np.zeros((len(starts), inst.n_tests))
+    for j, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):  # Python ints: cheaper
+        for block in range(start, end, block_rows):
+            stop = min(end, block + block_rows)
+            rows, w = rows_of(block, stop), weight[block:stop]
+            if deterministic:
+                cells = inst.outcomes[rows]
+                moment[j] += w @ cells
+                for k in range(2, width):
+                    alpha[j, :, k] += w @ (cells == k)
+            else:
+                # (rows, N) with unit stride along tests: a GEMV straight on the stored tensor.
+                by_outcome = inst.likelihood_by_outcome
+                for k in range(width - 1):
+                    alpha[j, :, k] += w @ by_outcome[rows, k]
+    # The classes are consecutive runs of rows: b(i) for all of them in one reduceat.
+    beta = np.add.reduceat(weight[starts[0]:ends[-1]], starts - starts[0])[:, None]
     if deterministic:
         if width >= 2:
-            alpha[:, 1] = moment - alpha[:, 2:] @ np.arange(2, width, dtype=np.float64)
-        alpha[:, 0] = beta - alpha[:, 1:].sum(axis=1)
+            alpha[:, :, 1] = moment - alpha[:, :, 2:] @ np.arange(2, width, dtype=np.float64)
+        alpha[:, :, 0] = beta - alpha[:, :, 1:].sum(axis=2)
     else:
-        alpha[:, width - 1] = beta - alpha[:, : width - 1].sum(axis=1)
-        arity = np.array([len(labels) for labels in inst.outcome_labels])
-        alpha[arity < width, width - 1] = 0.0
+        alpha[:, :, width - 1] = beta - alpha[:, :, : width - 1].sum(axis=2)
+        alpha[:, arity < width, width - 1] = 0.0
     np.maximum(alpha, 0.0, out=alpha)  # the subtractions may leave −1e-17
     return alpha
 
