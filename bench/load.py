@@ -23,20 +23,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# bench/http.py would shadow the standard library's http package for a script run from bench/.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import argparse
+import http.client
+import json
+import multiprocessing
+import random
+import statistics
+import tempfile
+import time
+import uuid
 
-import argparse  # noqa: E402
-import http.client  # noqa: E402
-import json  # noqa: E402
-import multiprocessing  # noqa: E402
-import random  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

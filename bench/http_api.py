@@ -1,4 +1,4 @@
-"""HTTP benchmark: ``python3 -m bench.http [--seconds 15] [--connections 32] [--large/--no-large]``.
+"""HTTP benchmark: ``python3 -m bench.http_api [--seconds 15] [--connections 32] [--large/--no-large]``.
 
 Starts, on loopback only and for a bounded time:
 
@@ -23,23 +23,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Run as a script (python3 bench/http.py), this file's directory would come first on sys.path and
-# this module would shadow the standard library's ``http``: drop it before importing anything.
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+import time
 
-import argparse  # noqa: E402
-import http.client  # noqa: E402
-import json  # noqa: E402
-import multiprocessing  # noqa: E402
-import os  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 4
@@ -49,7 +44,7 @@ PROCESSES = 4
 
 
 def floor_app():
-    """gunicorn ``bench.http:floor_app()``: the cheapest useful Redis-backed JSON endpoint."""
+    """gunicorn ``bench.http_api:floor_app()``: the cheapest useful Redis-backed JSON endpoint."""
     import orjson
     import redis
     from flask import Flask, Response, request
@@ -286,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {"REDIS_URL": redis_url, "LOG_LEVEL": "warning", "MAX_BODY_BYTES": str(256 * 1024 * 1024),
                "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="edgecut-bench-metrics-")}
         edgecut, edgecut_port = start_gunicorn("service.app:create_app()", env, args.workers)
-        floor, floor_port = start_gunicorn("bench.http:floor_app()", {**env, "PROMETHEUS_MULTIPROC_DIR":
+        floor, floor_port = start_gunicorn("bench.http_api:floor_app()", {**env, "PROMETHEUS_MULTIPROC_DIR":
                                            tempfile.mkdtemp(prefix="edgecut-bench-metrics-")}, args.workers)
         servers += [edgecut, floor]
         wait_http(edgecut_port, "/readyz")
