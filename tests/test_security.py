@@ -304,8 +304,13 @@ def test_corrupt_instance_bytes_in_redis_are_refused_not_used(redis_server, capl
             assert response.status_code >= 400, (name, response.get_json())
             assert response.mimetype == "application/problem+json", name
             assert "Traceback" not in response.get_data(as_text=True)
-    direct.hset(key, mapping={"header": header, "body": body})
+        # The corrupt bytes were dropped: the instance reads as gone (404; 410 for its session) ...
+        assert fresh.get(f"/v1/instances/{instance_id}").status_code == 404, name
+        assert fresh.get(f"/v1/sessions/{state['session_id']}").status_code == 410, name
+        assert not direct.exists(key), name
+    # ... and posting it again repairs every session that refers to it.
     fresh = create_app(config).test_client()
+    assert fresh.post("/v1/instances", json=TRIAGE).status_code == 201
     assert fresh.get(f"/v1/instances/{instance_id}").status_code == 200
     # Nothing was recorded while the instance was corrupt.
     assert fresh.get(f"/v1/sessions/{state['session_id']}").get_json()["history"] == []

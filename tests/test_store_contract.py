@@ -373,7 +373,7 @@ def test_redis_keys_carry_the_prefix_and_one_hash_tag_per_session(redis_env):
     assert key == f"{redis_env.key_prefix}:{{{tag}}}:state"
 
 
-def test_redis_corrupt_instance_bytes_raise_instead_of_answering(redis_env):
+def test_redis_corrupt_instance_bytes_are_dropped_instead_of_answering(redis_env):
     inst = compiled()
     redis_env.make().put_instance(inst)
     writer = redis_env.make()
@@ -382,8 +382,10 @@ def test_redis_corrupt_instance_bytes_raise_instead_of_answering(redis_env):
     body = bytearray(raw.hget(key, "body"))
     body[0] ^= 0x40  # one bit of costs[0]
     raw.hset(key, "body", bytes(body))
-    with pytest.raises(codec.CorruptInstance):
-        redis_env.make().get_instance(inst.content_hash)  # a worker without it cached
+    assert redis_env.make().get_instance(inst.content_hash) is None  # a worker without it cached
+    assert not raw.exists(key)  # dropped, so a re-post stores good bytes again
+    assert redis_env.make().put_instance(inst) is True
+    assert redis_env.make().get_instance(inst.content_hash).content_hash == inst.content_hash
 
 
 def test_redis_repeated_get_instance_is_served_by_the_worker_cache(redis_env):

@@ -49,6 +49,7 @@ idempotent in the API), so nothing is doubled.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from urllib.parse import quote
 
@@ -63,6 +64,8 @@ from . import codec
 from .base import DEFAULT_TENANT, SessionRecord, SessionStore, StoreUnavailable, VersionConflict
 from .cache import InstanceCache
 from .memory import INSTANCE_TTL_FACTOR, _check_next_version
+
+log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 0.5
 COMMAND_TIMEOUT = 0.5
@@ -183,7 +186,15 @@ class RedisStore(SessionStore):
             (header, body), _ = pipe.execute()
         if header is None or body is None:
             return None
-        instance = codec.decode(header, body, expected_hash=instance_id)
+        try:
+            instance = codec.decode(header, body, expected_hash=instance_id)
+        except codec.CorruptInstance as error:
+            # Bytes that fail their own hash must never become an answer. Drop them, so the
+            # instance reads as expired (410 for its sessions) and posting it again repairs it.
+            log.error("dropping corrupt instance %s: %s", key, error)
+            with self._guard():
+                self._redis.delete(key)
+            return None
         self.cache.put(cache_key, instance, now)
         return instance
 
