@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from service import engine
-from service.engine.policies import infogain_gain, normalised_masses
+from service.engine.policies import infogain_gain
 from service.examples import lotteries
 from service.examples.simulation import draw_subject, paired_difference_interval, run_subject
 
@@ -45,9 +45,9 @@ def chosen_test_profile(inst, policy_name: str, subjects: int, seed: int) -> tup
             if decision.done:
                 break
             t = decision.next_test
-            a, b = normalised_masses(decision.belief)
+            stats = decision.belief.outcome_stats({"sum_xlogx"})
             step = len(observations)
-            bits[k, step] = infogain_gain(a, b)[t]
+            bits[k, step] = infogain_gain(stats)[t]
             row = inst.likelihood[hypothesis, t]
             decided[k, step] = abs(row[0] - 0.5)
             observations.append((t, int(answers.choice(row.size, p=row))))

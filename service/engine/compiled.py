@@ -194,7 +194,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
             matrix = None
 
     # Store hypotheses grouped by class (stable within a class): each class is then a contiguous
-    # block of rows, which is what makes α(i, x) one pass (belief.Belief.alpha).
+    # block of rows, which is what makes the α(i, x) statistics one pass (Belief.outcome_stats).
     order = np.argsort(class_index, kind="stable")
     class_index, prior = class_index[order], prior[order]
     hypothesis_ids = tuple(hypothesis_ids[i] for i in order)
