@@ -1,19 +1,9 @@
 """The engine end to end on the README's tiny triage instance."""
 
+from api_support import TRIAGE
+
 from schemas.instance import Instance
 from service import engine
-
-TRIAGE = {
-    "tests": [
-        {"id": "ecg", "cost": 2.0, "outcomes": ["normal", "abnormal"]},
-        {"id": "troponin", "cost": 1.0},
-    ],
-    "hypotheses": [
-        {"id": "mi", "class": "admit", "prior": 0.1, "outcomes": {"ecg": "abnormal", "troponin": "high"}},
-        {"id": "angina", "class": "admit", "prior": 0.3, "outcomes": {"ecg": "abnormal", "troponin": "low"}},
-        {"id": "reflux", "class": "home", "prior": 0.6, "outcomes": {"ecg": "normal", "troponin": "low"}},
-    ],
-}
 
 
 def test_ecg_alone_separates_the_classes_and_is_chosen_first():

@@ -15,24 +15,13 @@ import numpy as np
 import orjson
 import pytest
 import redis
+from api_support import TRIAGE
 
 from schemas.instance import Instance
 from service import engine
 from service.store import SessionRecord, StoreUnavailable, VersionConflict, codec
 from service.store.cache import InstanceCache
 from service.store.redis_store import RedisStore
-
-TRIAGE = {
-    "tests": [
-        {"id": "ecg", "cost": 2.0, "outcomes": ["normal", "abnormal"]},
-        {"id": "troponin", "cost": 1.0},
-    ],
-    "hypotheses": [
-        {"id": "mi", "class": "admit", "prior": 0.1, "outcomes": {"ecg": "abnormal", "troponin": "high"}},
-        {"id": "angina", "class": "admit", "prior": 0.3, "outcomes": {"ecg": "abnormal", "troponin": "low"}},
-        {"id": "reflux", "class": "home", "prior": 0.6, "outcomes": {"ecg": "normal", "troponin": "low"}},
-    ],
-}
 
 NOISY = {**TRIAGE, "noise": 0.05}  # symmetric noise turns it into a likelihood instance
 
