@@ -1,6 +1,7 @@
-"""The ``edgecut`` command line. Each sub-command lives in its own module under
-``service/commands/`` and exposes ``register(subparsers)``; this list is the only place that
-knows them all."""
+"""edgecut: adaptive testing with EC² — serve the API, evaluate policies, reproduce the paper.
+
+Each sub-command lives in its own module under ``service/commands/`` and exposes
+``register(subparsers)``; ``COMMANDS`` is the only place that knows them all."""
 
 from __future__ import annotations
 
