@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS: tuple[str, ...] = ("simulate", "play", "evaluate", "tree", "serve")  # each sub-command module adds its name here
+COMMANDS = ("serve", "evaluate", "tree", "simulate", "play")
 
 
 def build_parser() -> argparse.ArgumentParser:
