@@ -60,22 +60,9 @@ def test_policies_agree_with_the_reference_on_random_instances(kind, policy):
     compared = 0
     for seed in range(N_INSTANCES):
         model, observations = random_case(seed, kind)
-        inst = compile_model(model)
-        # A likelihood instance would stop at the default confidence 0.95 before scoring anything;
-        # a max_tests far away switches that default off and leaves the scores to compare.
-        rules = StopRules(max_tests=100) if kind == "likelihood" else StopRules()
-        decision = engine.next_step(inst, engine.parse_observations(inst, labelled(observations)), policy, rules)
-        expected = ref.decide(model, observations, policy, max_tests=rules.max_tests)
         where = f"seed {seed}, {policy}, observations {observations}"
-        assert (decision.stop_reason.value if decision.stop_reason else None) == expected.stop, where
-        if expected.stop in (None, "no_informative_test"):
-            compared += 1
-            unit = sum(ref.version_space_mass(model, observations)) ** POWER.get(policy, 0)
-            for t, score in enumerate(expected.scores):
-                if score is None:
-                    assert math.isnan(decision.scores[t]), f"{where}: test {t} was run, has a score"
-                else:
-                    assert_close(decision.scores[t], score, unit / model.costs[t], f"{where}, test {t}")
+        decision, expected, scored = compare_with_reference(model, observations, policy, where)
+        compared += scored
         if policy == "random":
             assert (decision.next_test is None) == (expected.test is None), where
             if expected.test is not None:
@@ -360,22 +347,25 @@ def with_classes(model: ref.Model, sizes: list[int], rng: random.Random) -> ref.
     return dataclasses.replace(model, classes=labels)
 
 
-def compare_with_reference(model: ref.Model, observations, policy: str, where: str) -> bool:
-    """The engine's stop and scores against the reference; True when scores were compared."""
+def compare_with_reference(model: ref.Model, observations, policy: str, where: str):
+    """The engine's stop and scores against the reference. Returns (decision, the reference's
+    decision, whether scores were compared)."""
     inst = compile_model(model)
+    # A likelihood instance would stop at the default confidence 0.95 before scoring anything;
+    # a max_tests far away switches that default off and leaves the scores to compare.
     rules = StopRules(max_tests=100) if not model.deterministic else StopRules()
     decision = engine.next_step(inst, engine.parse_observations(inst, labelled(observations)), policy, rules)
     expected = ref.decide(model, observations, policy, max_tests=rules.max_tests)
     assert (decision.stop_reason.value if decision.stop_reason else None) == expected.stop, where
     if expected.stop not in (None, "no_informative_test"):
-        return False
+        return decision, expected, False
     unit = sum(ref.version_space_mass(model, observations)) ** POWER.get(policy, 0)
     for t, score in enumerate(expected.scores):
         if score is None:
             assert math.isnan(decision.scores[t]), f"{where}: test {t} was run, has a score"
         else:
             assert_close(decision.scores[t], score, unit / model.costs[t], f"{where}, test {t}")
-    return True
+    return decision, expected, True
 
 
 @pytest.mark.parametrize(
@@ -388,7 +378,7 @@ def test_every_hypothesis_its_own_class_agrees_with_the_reference(kind, policy):
     for seed in range(80):
         model, observations = random_case(10_000 + seed, kind)
         model = dataclasses.replace(model, classes=list(model.hypothesis_ids))
-        compared += compare_with_reference(model, observations, policy, f"seed {seed}, {policy}")
+        compared += compare_with_reference(model, observations, policy, f"seed {seed}, {policy}")[2]
     assert compared >= 40, f"only {compared} instances were scored"
 
 
@@ -445,7 +435,7 @@ def test_big_and_small_classes_mixed_agree_with_the_reference(kind, policy, sett
             small, block = PATH_SETTINGS[setting]
             monkeypatch.setattr(belief_module, "_SMALL_CLASS_CELLS", small * model.n_tests)
             monkeypatch.setattr(belief_module, "_BLOCK_CELLS", block * model.n_tests)
-        compared += compare_with_reference(model, observations, policy, f"seed {seed}, {policy}, sizes {sizes}")
+        compared += compare_with_reference(model, observations, policy, f"seed {seed}, {policy}, sizes {sizes}")[2]
     assert compared >= 12, f"only {compared} instances were scored"
 
 
