@@ -47,6 +47,8 @@ control_socket_disable = True
 _metrics_dir_given = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 _metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="edgecut-metrics-")
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
+# A given directory that does not exist yet would make every worker fail to boot.
+Path(_metrics_dir).mkdir(parents=True, exist_ok=True)
 
 
 def on_starting(server) -> None:
