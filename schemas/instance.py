@@ -100,10 +100,6 @@ class Instance(_Wire):
         return self
 
     @property
-    def is_columnar(self) -> bool:
-        return self.hypotheses is None
-
-    @property
     def n_hypotheses(self) -> int:
         if self.hypotheses is not None:
             return len(self.hypotheses)

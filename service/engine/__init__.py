@@ -10,7 +10,7 @@ Typical use::
     decision.next_test, decision.stop_reason, decision.belief.class_posterior
 """
 
-from .belief import Belief, Observation, OutcomeStats, initial_belief, observe, parse_observations
+from .belief import Belief, Observation, OutcomeStats, observe, parse_observations
 from .compiled import CompiledInstance, compile_instance, count_noisy_copies, log_p_min_bound
 from .errors import (
     ConflictingObservation,

@@ -137,11 +137,6 @@ class Belief:
         """
         return _accumulate(self, frozenset(statistics))
 
-def initial_belief(inst: CompiledInstance) -> Belief:
-    alive = np.flatnonzero(inst.prior > 0)
-    return Belief(inst, (), alive, inst.prior[alive])
-
-
 def observe(inst: CompiledInstance, observations: Sequence[Observation]) -> Belief:
     """The belief after ``observations`` (already parsed). Raises ``InconsistentObservation``
     when they leave no hypothesis alive; nothing is mutated either way."""
