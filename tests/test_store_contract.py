@@ -180,25 +180,26 @@ def test_concurrent_updates_on_one_version_have_exactly_one_winner(store_env):
 
 
 def test_sessions_expire_after_the_ttl(store_env):
-    store = store_env.make(session_ttl=1)
+    store = store_env.make(session_ttl=2)
     store.create_session(session())
-    store_env.elapse(1.2)
+    store_env.elapse(2.4)
     assert store.get_session("s-1") is None
     with pytest.raises(VersionConflict):  # nothing to compare against any more
         store.update_session(session(version=2), expected_version=1)
 
 
 def test_reads_and_writes_slide_the_session_ttl(store_env):
-    store = store_env.make(session_ttl=1)
+    # TTL 2 s with steps of 1.2 s: 0.8 s of slack for a loaded machine between steps.
+    store = store_env.make(session_ttl=2)
     record = session()
     store.create_session(record)
-    store_env.elapse(0.6)
-    assert store.get_session("s-1") is not None  # a read slides the TTL...
-    store_env.elapse(0.6)  # ...so 1.2 s after creation it is still there
-    store.update_session(record.with_observations((("ecg", "normal"),)), expected_version=1)
-    store_env.elapse(0.6)  # ...and a write slides it too
-    assert store.get_session("s-1").version == 2
     store_env.elapse(1.2)
+    assert store.get_session("s-1") is not None  # a read slides the TTL...
+    store_env.elapse(1.2)  # ...so 2.4 s after creation it is still there
+    store.update_session(record.with_observations((("ecg", "normal"),)), expected_version=1)
+    store_env.elapse(1.2)  # ...and a write slides it too
+    assert store.get_session("s-1").version == 2
+    store_env.elapse(2.4)
     assert store.get_session("s-1") is None
 
 
@@ -211,12 +212,12 @@ def test_get_session_reports_when_it_expires(store_env):
 
 
 def test_instances_outlive_the_sessions_that_use_them(store_env):
-    store = store_env.make(session_ttl=1)
+    store = store_env.make(session_ttl=2)
     inst = compiled()
     store.put_instance(inst)
-    store_env.elapse(1.2)  # a session created now lives until t = 2.2 at least
+    store_env.elapse(2.4)  # a session created now lives until t = 4.4 at least
     assert store.get_instance(inst.content_hash) is not None
-    store_env.elapse(2.5)  # unused for twice the session TTL: gone
+    store_env.elapse(4.5)  # unused for twice the session TTL: gone
     assert store.get_instance(inst.content_hash) is None
 
 
@@ -232,9 +233,9 @@ def test_idempotency_key_binds_once_per_tenant(store_env):
 
 
 def test_idempotency_keys_expire_with_sessions(store_env):
-    store = store_env.make(session_ttl=1)
+    store = store_env.make(session_ttl=2)
     assert store.claim_idempotency_key("k", "s-1") is None
-    store_env.elapse(1.2)
+    store_env.elapse(2.4)
     assert store.claim_idempotency_key("k", "s-2") is None
 
 
