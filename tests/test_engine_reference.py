@@ -385,7 +385,8 @@ def test_every_hypothesis_its_own_class_agrees_with_the_reference(kind, policy):
 # (small-class cells, block cells) as multiples of the number of tests: the defaults, then classes
 # of ≥ 4 rows taken as big with 3-row blocks, so big classes span several blocks and runs of small
 # classes are cut into blocks of whole classes (one class larger than a block is a block alone).
-PATH_SETTINGS = {"defaults": None, "tiny blocks": (4, 3)}
+# (small-class cells, block cells, cells that split a batch over two threads), per test.
+PATH_SETTINGS = {"defaults": None, "tiny blocks": (4, 3, None), "big classes split over two threads": (4, 40, 0)}
 
 
 def mixed_classes_case(seed: int, kind: str):
@@ -432,9 +433,11 @@ def test_big_and_small_classes_mixed_agree_with_the_reference(kind, policy, sett
     for seed in range(30):
         model, observations, sizes = mixed_classes_case(20_000 + seed, kind)
         if PATH_SETTINGS[setting] is not None:
-            small, block = PATH_SETTINGS[setting]
+            small, block, parallel = PATH_SETTINGS[setting]
             monkeypatch.setattr(belief_module, "_SMALL_CLASS_CELLS", small * model.n_tests)
             monkeypatch.setattr(belief_module, "_BLOCK_CELLS", block * model.n_tests)
+            if parallel is not None:
+                monkeypatch.setattr(belief_module, "_PARALLEL_CELLS", parallel)
         compared += compare_with_reference(model, observations, policy, f"seed {seed}, {policy}, sizes {sizes}")[2]
     assert compared >= 12, f"only {compared} instances were scored"
 
