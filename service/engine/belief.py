@@ -4,6 +4,7 @@ of the masses α(i, t, x) that the policies read (:class:`OutcomeStats`)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -357,6 +358,16 @@ def _helper() -> ThreadPoolExecutor:
         if _helper_thread is None:
             _helper_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgecut-alpha")
         return _helper_thread
+
+
+def _forget_helper_after_fork() -> None:
+    # A forked child (gunicorn worker, multiprocessing) inherits the executor but not its
+    # thread: work submitted to it would never run. The child starts its own when needed.
+    global _helper_thread, _helper_lock
+    _helper_thread, _helper_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_helper_after_fork)
 
 
 def _classes_alpha(inst: CompiledInstance, rows_of, weight: np.ndarray, starts: np.ndarray, ends: np.ndarray,
