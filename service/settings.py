@@ -58,6 +58,16 @@ class Settings(BaseSettings):
     max_outcomes_per_test: int = Field(default=256, ge=2)
     max_label_length: int = Field(default=200, ge=1, le=200)  # 200: the wire schema's own cap
     max_observations_per_request: int = Field(default=10_000, ge=1, le=10_000)  # ditto
+    # --- Evaluation and tree export over HTTP (issue 5; docs/evaluation.md) ------------------
+    # Past each limit the request is refused 422 naming it, so a worker is never held long.
+    # Seconds of work per evaluation or tree request: well under gunicorn's 30 s worker timeout.
+    evaluation_time_limit: float = Field(default=10.0, ge=0)
+    evaluation_max_samples: int = Field(default=20_000, ge=1)
+    evaluation_max_dp_states: int = Field(default=20_000, ge=0)
+    # hypotheses × tests × policies per evaluation request (a 1000 × 100 instance, 7 policies).
+    evaluation_max_policy_cells: int = Field(default=1_000_000, ge=1)
+    tree_max_nodes: int = Field(default=2_000, ge=1)
+    tree_max_depth: int = Field(default=6, ge=1)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -14,18 +14,15 @@ import numpy as np
 import pydot
 import pytest
 
-from schemas.instance import Instance
 from service import engine
+from service.app import create_app
 from service.cli import main as cli_main
 from service.evaluation import EvaluationLimitExceeded, EvaluationLimits, evaluate, format_tables
 from service.evaluation import trees
+from tests.builders import appendix, compile_wire, section3
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DETERMINISTIC_POLICIES = ("ec2", "effecxtive", "gbs", "infogain", "voi", "uncertainty", "random")
-
-
-def compile_wire(payload: dict) -> engine.CompiledInstance:
-    return engine.compile_instance(Instance.model_validate(payload))
 
 
 def example(name: str) -> engine.CompiledInstance:
@@ -41,31 +38,6 @@ def random_instance(seed: int, n: int = 9, n_tests: int = 6, n_classes: int = 3,
         "classes": [f"c{c}" for c in rng.integers(0, n_classes, size=n)],
         "priors": rng.dirichlet(np.ones(n)).tolist(),
     }
-
-
-# The paper's instances, built here from their definitions (not from examples/), so a change to
-# an example file cannot make these tests agree with themselves.
-
-def gbs_bad(n: int) -> dict:
-    """Section 3: uniform prior over h_1..h_n, H1 = {h_1..h_{n-1}}, H2 = {h_n}, h_i(t) = [i = t]."""
-    return {
-        "tests": [{"id": f"t{t}"} for t in range(1, n + 1)],
-        "matrix": [[int(i == t) for t in range(1, n + 1)] for i in range(1, n + 1)],
-        "classes": ["H1"] * (n - 1) + ["H2"],
-    }
-
-
-def infogain_bad(q: int) -> dict:
-    """Appendix: classes H_a = {h_(a,0), h_(a,1)}, a = 1..2^q; t0 reads v, bit_k reads
-    [φ_k(a) = v], seq_k reads [a = k], one dummy test reads 0."""
-    rows, classes = [], []
-    for a in range(1, 2**q + 1):
-        for v in (0, 1):
-            bits = [int(((a >> (k - 1)) & 1) == v) for k in range(1, q + 1)]
-            rows.append([v, *bits, *(int(a == k) for k in range(1, 2**q + 1)), 0])
-            classes.append(f"H{a}")
-    n_tests = 1 + q + 2**q + 1
-    return {"tests": [{"id": f"x{j}"} for j in range(n_tests)], "matrix": rows, "classes": classes}
 
 
 # --- exact evaluation agrees with brute force -----------------------------------------------
@@ -134,7 +106,7 @@ def sequential_search_cost(k: int) -> float:
 
 @pytest.mark.parametrize("n", [6, 12])
 def test_gbs_pays_about_n_over_2_where_ec2_pays_the_optimum_1(n):
-    report = evaluate(compile_wire(gbs_bad(n)), ["ec2", "gbs"])
+    report = evaluate(compile_wire(section3(n)), ["ec2", "gbs"])
     ec2, gbs = report.policies
     assert report.optimum == pytest.approx(1.0)
     assert ec2.expected_cost == pytest.approx(1.0) and ec2.ratio_to_optimum == pytest.approx(1.0)
@@ -147,7 +119,7 @@ def test_gbs_pays_about_n_over_2_where_ec2_pays_the_optimum_1(n):
 
 def test_information_gain_pays_about_2_to_the_q_over_2_where_ec2_pays_q_plus_1():
     q = 3
-    report = evaluate(compile_wire(infogain_bad(q)), ["ec2", "infogain", "voi"])
+    report = evaluate(compile_wire(appendix(q, dummies=1)), ["ec2", "infogain", "voi"])
     ec2, infogain, voi = report.policies
     assert ec2.expected_cost == pytest.approx(q + 1)  # t0, then one bit test per level
     assert infogain.expected_cost == pytest.approx(sequential_search_cost(2**q))
@@ -159,7 +131,7 @@ def test_information_gain_pays_about_2_to_the_q_over_2_where_ec2_pays_q_plus_1()
 
 def test_information_gain_falls_further_behind_as_q_grows():
     q = 4  # the optimum takes a minute at this size: compare with the paper's π' instead
-    report = evaluate(compile_wire(infogain_bad(q)), ["ec2", "infogain"], optimum=False)
+    report = evaluate(compile_wire(appendix(q, dummies=1)), ["ec2", "infogain"], optimum=False)
     ec2, infogain = report.policies
     assert ec2.expected_cost == pytest.approx(q + 1)
     assert infogain.expected_cost == pytest.approx(sequential_search_cost(2**q))  # 8.4375
@@ -375,16 +347,14 @@ def test_http_evaluate_is_seeded_and_refuses_past_its_limits(client):
     assert client.post("/v1/instances/" + "0" * 64 + "/evaluate", json={}).status_code == 404
 
 
-def test_http_evaluate_stops_at_the_time_limit(client, monkeypatch):
-    from service.api import evaluation as api
-
-    monkeypatch.setitem(api.LIMIT_DEFAULTS, "evaluation_time_limit", 0.0)
+def test_http_evaluate_stops_at_the_time_limit(app_config):
+    client = create_app({**app_config, "evaluation_time_limit": 0.0}).test_client()
     instance_id = post_instance(client, "noisy")
     response = client.post(f"/v1/instances/{instance_id}/evaluate", json={"policies": ["gbs"], "samples": 100})
     assert response.status_code == 422 and "time_limit" in response.get_json()["detail"]
 
 
-def test_http_tree_in_each_format_with_size_limits(client, monkeypatch, schema_validator):
+def test_http_tree_in_each_format_with_size_limits(client, app_config, monkeypatch, schema_validator):
     instance_id = post_instance(client, "triage")
     url = f"/v1/instances/{instance_id}/tree"
     document = client.get(url + "?policy=ec2&format=json")
@@ -394,10 +364,9 @@ def test_http_tree_in_each_format_with_size_limits(client, monkeypatch, schema_v
     assert dot.mimetype == "text/vnd.graphviz" and pydot.graph_from_dot_data(dot.get_data(as_text=True))
     assert client.get(url + "?format=pdf").status_code == 400
     assert client.get(url + "?policy=nope").status_code == 422
-    from service.api import evaluation as api
-
-    monkeypatch.setitem(api.LIMIT_DEFAULTS, "tree_max_nodes", 5)
-    too_big = client.get(url + "?policy=ec2")
+    small_trees = create_app({**app_config, "tree_max_nodes": 5}).test_client()
+    post_instance(small_trees, "triage")
+    too_big = small_trees.get(url + "?policy=ec2")
     assert too_big.status_code == 422 and too_big.get_json()["type"].endswith("tree-too-large")
     monkeypatch.setattr(trees.shutil, "which", lambda name: None)
     missing = client.get(url + "?policy=ec2&format=svg&max_tests=1")

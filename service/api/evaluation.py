@@ -26,18 +26,6 @@ from .encoding import InvalidParameter, json_response, parse_body
 
 bp = Blueprint("evaluation", __name__, url_prefix="/v1/instances")
 
-# Defaults of the limits; a Settings field of the same name (upper-case in the environment,
-# e.g. EVALUATION_TIME_LIMIT) overrides each one when the settings object defines it.
-LIMIT_DEFAULTS = {
-    # Seconds of work per evaluation request: well under gunicorn's 30 s worker timeout.
-    "evaluation_time_limit": 10.0,
-    "evaluation_max_samples": 20_000,
-    "evaluation_max_dp_states": 20_000,
-    # hypotheses × tests × policies per evaluation request (a 1000 × 100 instance, 7 policies).
-    "evaluation_max_policy_cells": 1_000_000,
-    "tree_max_nodes": 2_000,
-    "tree_max_depth": 6,
-}
 TREE_FORMATS = ("json", "dot", "svg", "png")
 MAX_POLICIES = 10
 
@@ -58,20 +46,17 @@ class EvaluateRequest(BaseModel):
     optimum: StrictBool = True
 
 
-def _limit(name: str):
-    return getattr(services().settings, name, LIMIT_DEFAULTS[name])
-
-
 @bp.post("/<instance_id>/evaluate")
 def evaluate_policies(instance_id: str) -> Response:
     body = parse_body(EvaluateRequest)
     inst = sessions().instance(instance_id, tenant())
+    settings = services().settings
     limits = EvaluationLimits(
-        max_samples=_limit("evaluation_max_samples"),
+        max_samples=settings.evaluation_max_samples,
         max_tree_nodes=2 * inst.n_hypotheses + 1,  # a deterministic tree never has more
-        max_dp_states=_limit("evaluation_max_dp_states"),
-        time_limit=_limit("evaluation_time_limit"),
-        max_policy_cells=_limit("evaluation_max_policy_cells"),
+        max_dp_states=settings.evaluation_max_dp_states,
+        time_limit=settings.evaluation_time_limit,
+        max_policy_cells=settings.evaluation_max_policy_cells,
     )
     rules = engine.StopRules(max_tests=body.max_tests, max_cost=body.max_cost, confidence=body.confidence)
     report = evaluate(inst, body.policies, rules, samples=body.samples, seed=body.seed,
@@ -86,8 +71,9 @@ def tree(instance_id: str) -> Response:
         raise InvalidParameter(f"format must be one of {', '.join(TREE_FORMATS)}, got {fmt!r}")
     rules = engine.StopRules(
         max_tests=_int_arg("max_tests"), max_cost=_float_arg("max_cost"), confidence=_float_arg("confidence"))
-    limits = trees.TreeLimits(max_nodes=_limit("tree_max_nodes"), max_depth=_limit("tree_max_depth"),
-                              render_timeout=_limit("evaluation_time_limit"))
+    settings = services().settings
+    limits = trees.TreeLimits(max_nodes=settings.tree_max_nodes, max_depth=settings.tree_max_depth,
+                              render_timeout=settings.evaluation_time_limit)
     depth = _int_arg("depth")
     if depth is not None and depth > limits.max_depth:
         raise engine.InfeasibleComputation(f"depth must be at most {limits.max_depth} (tree_max_depth)")
