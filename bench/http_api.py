@@ -28,7 +28,6 @@ import http.client
 import json
 import multiprocessing
 import os
-import socket
 import subprocess
 import tempfile
 import threading
@@ -37,6 +36,10 @@ import time
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import RedisServer, free_port  # noqa: E402  (the test suite's launchers)
+
 PROCESSES = 4
 
 
@@ -65,12 +68,6 @@ def floor_app():
 # --- processes ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def wait_http(port: int, path: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -82,21 +79,6 @@ def wait_http(port: int, path: str, timeout: float = 30.0) -> None:
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"nothing answered on port {port}")
-
-
-def start_redis(workdir: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--dir", workdir],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return process, f"redis://127.0.0.1:{port}/0"
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("redis-server did not start")
 
 
 def start_gunicorn(app: str, env: dict[str, str], workers: int) -> tuple[subprocess.Popen, int]:
@@ -244,7 +226,7 @@ def large_p50(port: int, instance: dict, sessions: int, rng_seed: int = 7) -> di
     assert status in (200, 201), summary
     test_index = {t["id"]: j for j, t in enumerate(instance["tests"])}
     rng = np.random.default_rng(rng_seed)
-    latencies, first = [], []
+    latencies = []
     for _ in range(sessions):
         # A seed of its own per session: no step is served from the worker's step cache.
         status, state = client.call("POST", "/v1/sessions", {"instance_id": summary["instance_id"],
@@ -274,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--large", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)
 
-    workdir = tempfile.mkdtemp(prefix="edgecut-bench-")
-    redis_process, redis_url = start_redis(workdir)
+    redis_server = RedisServer(Path(tempfile.mkdtemp(prefix="edgecut-bench-")), "--appendonly", "no")
+    redis_server.start()
+    redis_url = redis_server.url
     servers = []
     try:
         env = {"REDIS_URL": redis_url, "LOG_LEVEL": "warning", "MAX_BODY_BYTES": str(256 * 1024 * 1024),
@@ -336,8 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-        redis_process.terminate()
-        redis_process.wait(timeout=10)
+        redis_server.stop()
     return 0
 
 

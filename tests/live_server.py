@@ -13,16 +13,9 @@ import time
 from pathlib import Path
 
 import requests
+from conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LiveServer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from api_support import QUAD, TRIAGE, Delegating, assert_problem, new_session, observe, stored
+from api_support import QUAD, Delegating, assert_problem, new_session, observe, stored
 from service.app import create_app
 from service.store import StoreUnavailable, VersionConflict, create_store
 

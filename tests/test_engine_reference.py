@@ -11,22 +11,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas.instance import Instance
 from service import engine
 from service.engine import StopReason, StopRules
 from service.engine import belief as belief_module
 
 from tests import reference as ref
+from tests.builders import compile_model, compile_wire
 
 N_INSTANCES = 240
 DETERMINISTIC_POLICIES = ["ec2", "effecxtive", "gbs", "infogain", "voi", "uncertainty", "random"]
 LIKELIHOOD_POLICIES = ["effecxtive", "gbs", "infogain", "voi", "uncertainty", "random"]
 # Units of each score: Δ_EC is a sum of P(h)P(h'), GBS a mass; the rest are posterior quantities.
 POWER = {"ec2": 2, "gbs": 1}
-
-
-def compile_model(model: ref.Model) -> engine.CompiledInstance:
-    return engine.compile_instance(Instance.model_validate(ref.to_payload(model)))
 
 
 def labelled(observations):
@@ -464,7 +460,7 @@ def test_streamed_statistics_equal_the_dense_alpha_at_the_default_block_sizes(ki
         raw = rng.uniform(0.02, 1.0, size=(n, n_tests, width))
         payload["likelihood_matrix"] = (raw / raw.sum(axis=2, keepdims=True)).tolist()
         observations = [("t0", "b"), ("t1", "a")]
-    inst = engine.compile_instance(Instance.model_validate(payload))
+    inst = compile_wire(payload)
     belief = engine.observe(inst, engine.parse_observations(inst, observations))
     stats = belief.outcome_stats()
 

@@ -8,20 +8,20 @@ import time
 import numpy as np
 import pytest
 
-from schemas.instance import Instance
 from service import engine
 from service.engine import belief as belief_module
+from tests.builders import compile_wire
 
 
 def big_classes_instance(seed: int = 0) -> engine.CompiledInstance:
     rng = np.random.default_rng(seed)
     n, n_tests = 900, 40  # ~150 rows × 40 tests per class: the big-class path
-    return engine.compile_instance(Instance.model_validate({
+    return compile_wire({
         "tests": [{"id": f"t{t}", "outcomes": ["a", "b", "c"]} for t in range(n_tests)],
         "matrix": rng.integers(0, 3, size=(n, n_tests)).tolist(),
         "classes": [f"c{c}" for c in rng.integers(0, 6, size=n)],
         "priors": rng.uniform(0.1, 1.0, size=n).tolist(),
-    }))
+    })
 
 
 @pytest.mark.parametrize("policy", ["ec2", "effecxtive", "infogain", "voi"])

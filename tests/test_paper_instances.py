@@ -12,22 +12,10 @@ import random
 
 import pytest
 
-from schemas.instance import Instance
 from service import engine
 
 from tests import reference as ref
-
-
-def compile_rows(rows, classes, test_ids=None, priors=None):
-    """A deterministic wire instance: rows[h][t] is hypothesis h's outcome ('0'/'1'/…) on test t."""
-    test_ids = test_ids or [f"t{j}" for j in range(len(rows[0]))]
-    tests = [{"id": t, "outcomes": sorted({str(r[j]) for r in rows} | {"0", "1"})} for j, t in enumerate(test_ids)]
-    hypotheses = [
-        {"id": f"h{i}", "class": classes[i], "outcomes": {t: str(rows[i][j]) for j, t in enumerate(test_ids)}}
-        | ({"prior": priors[i]} if priors else {})
-        for i in range(len(rows))
-    ]
-    return engine.compile_instance(Instance.model_validate({"tests": tests, "hypotheses": hypotheses}))
+from tests.builders import appendix, compile_model, compile_wire, section3
 
 
 def tree_cost(inst, policy):
@@ -44,15 +32,9 @@ def mean_run_cost(inst, policy):
 # --- section 3: GBS ignores the classes -----------------------------------------------------
 
 
-def section3(n):
-    """Uniform prior over h1..hn; H1 = {h1..h(n-1)}, H2 = {hn}; test t answers [h = ht]."""
-    rows = [[int(i == t) for t in range(n)] for i in range(n)]
-    return compile_rows(rows, ["H1"] * (n - 1) + ["H2"])
-
-
 @pytest.mark.parametrize("n", [3, 4, 5, 8, 12, 20])
 def test_section3_ec2_pays_one_test_which_is_optimal(n):
-    inst = section3(n)
+    inst = compile_wire(section3(n))
     assert tree_cost(inst, "ec2") == pytest.approx(1.0, rel=1e-12)
     first = engine.next_step(inst, [], "ec2").next_test
     assert inst.test_ids[first] == f"t{n - 1}"  # the test that asks "is it hn?"
@@ -66,7 +48,7 @@ def test_section3_gbs_pays_about_n_over_2(n):
     # runs t1, t2, … in order. Truth h_t (t < n) is found by test t (cost t); truth hn is found
     # once h1..h(n-1) are ruled out (cost n-1). With the uniform prior:
     #   c(GBS) = (1/n)[Σ_{t=1}^{n-1} t + (n-1)] = (n-1)(n+2) / (2n)  ≈ n/2.
-    inst = section3(n)
+    inst = compile_wire(section3(n))
     expected = (n - 1) * (n + 2) / (2 * n)
     assert tree_cost(inst, "gbs") == pytest.approx(expected, rel=1e-12)
     assert mean_run_cost(inst, "gbs") == pytest.approx(expected, rel=1e-12)
@@ -76,27 +58,9 @@ def test_section3_gbs_pays_about_n_over_2(n):
 # --- the appendix: posterior-based policies loop over sequential tests -----------------------
 
 
-def appendix(q, dummies=3):
-    """2^q classes H_a = {h_(a,0), h_(a,1)}, uniform prior. Tests, in this order: t0 reveals v;
-    t_k (k = 1..q) answers [bit_k(a) = v]; seq_k (k = 1..2^q) answers [a = k]; dummies answer 0."""
-    m = 2**q
-    rows, classes = [], []
-    for a in range(1, m + 1):
-        for v in (0, 1):
-            row = [v]
-            row += [int(((a >> (k - 1)) & 1) == v) for k in range(1, q + 1)]
-            row += [int(a == k) for k in range(1, m + 1)]
-            row += [0] * dummies
-            rows.append(row)
-            classes.append(f"H{a}")
-    test_ids = ["t0"] + [f"t{k}" for k in range(1, q + 1)] + [f"seq{k}" for k in range(1, m + 1)]
-    test_ids += [f"dummy{k}" for k in range(dummies)]
-    return compile_rows(rows, classes, test_ids)
-
-
 @pytest.mark.parametrize("q", [1, 2, 3, 4, 5, 6])
 def test_appendix_ec2_costs_at_most_q_plus_1(q):
-    inst = appendix(q)
+    inst = compile_wire(appendix(q))
     tree = engine.policy_tree(inst, engine.POLICIES["ec2"])
     assert engine.worst_case_cost(tree) <= q + 1 + 1e-12
     assert engine.expected_cost(tree) <= q + 1 + 1e-12
@@ -113,7 +77,7 @@ def test_appendix_infogain_and_voi_pay_about_2_to_the_q_over_2(q, policy):
     #   c = (1/m)[Σ_{a=1}^{m-1} a + (m-1)] = (m-1)(m+2) / (2m)  ≈ 2^q / 2.
     m = 2**q
     expected = (m - 1) * (m + 2) / (2 * m)
-    inst = appendix(q)
+    inst = compile_wire(appendix(q))
     assert tree_cost(inst, policy) == pytest.approx(expected, rel=1e-12)
     if q >= 4:
         # The gap the appendix proves, Ω(n / log n): here already above EC²'s q + 1.
@@ -122,7 +86,7 @@ def test_appendix_infogain_and_voi_pay_about_2_to_the_q_over_2(q, policy):
 
 def test_appendix_the_optimum_is_at_most_q_plus_1():
     for q in (1, 2):
-        inst = appendix(q, dummies=1)
+        inst = compile_wire(appendix(q, dummies=1))
         assert engine.optimal_expected_cost(inst) <= q + 1 + 1e-12
 
 
@@ -133,10 +97,6 @@ N_RANDOM = 120
 
 def small_model(seed):
     return ref.random_model(random.Random(seed), "deterministic", max_hypotheses=8, max_tests=5)
-
-
-def compile_model(model):
-    return engine.compile_instance(Instance.model_validate(ref.to_payload(model)))
 
 
 def test_ec2_against_the_optimum_on_random_instances(record_property):

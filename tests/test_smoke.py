@@ -2,12 +2,12 @@
 
 from api_support import TRIAGE
 
-from schemas.instance import Instance
 from service import engine
+from tests.builders import compile_wire
 
 
 def test_ecg_alone_separates_the_classes_and_is_chosen_first():
-    inst = engine.compile_instance(Instance.model_validate(TRIAGE))
+    inst = compile_wire(TRIAGE)
     first = engine.next_step(inst)
     assert inst.test_ids[first.next_test] == "ecg"
     # Δ_EC(ecg) cuts every edge: w = 0.1·0.6 + 0.3·0.6 = 0.24, per cost 2.

@@ -17,7 +17,7 @@ import pytest
 import redis
 from api_support import TRIAGE
 
-from schemas.instance import Instance
+from tests.builders import compile_wire
 from service import engine
 from service.store import SessionRecord, StoreUnavailable, VersionConflict, codec
 from service.store.cache import InstanceCache
@@ -27,7 +27,7 @@ NOISY = {**TRIAGE, "noise": 0.05}  # symmetric noise turns it into a likelihood 
 
 
 def compiled(payload=TRIAGE) -> engine.CompiledInstance:
-    return engine.compile_instance(Instance.model_validate(payload))
+    return compile_wire(payload)
 
 
 def assert_same_instance(got: engine.CompiledInstance, want: engine.CompiledInstance) -> None:
