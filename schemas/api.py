@@ -36,6 +36,12 @@ class ObservationIn(_Request):
 class ObservationsRequest(_Request):
     """One observation ``{test, outcome}`` or several ``{observations: [...]}`` (all or nothing)."""
 
+    # The two forms, for OpenAPI's generators (the validator below enforces the same).
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["test", "outcome"], "not": {"required": ["observations"]}},
+        {"required": ["observations"], "not": {"anyOf": [{"required": ["test"]}, {"required": ["outcome"]}]}},
+    ]})
+
     test: Label | None = None
     outcome: Label | None = None
     observations: list[ObservationIn] | None = Field(
@@ -155,3 +161,5 @@ class Problem(_Response):
     status: int
     detail: str
     errors: list[ProblemError] | None = None
+    # Quote it in a support ticket: the same id is in the X-Request-ID header and the logs.
+    request_id: str | None = None

@@ -13,7 +13,7 @@ from service.sessions import Sessions
 from service.settings import Settings, load_settings
 from service.store import SessionStore, create_store
 
-from .api import evaluation, health, instances, security, select, sessions
+from .api import evaluation, health, instances, observability, security, select, sessions
 from .api.context import EXTENSION, Services
 from .api.encoding import OrjsonProvider
 from .api.problems import register_problems
@@ -36,8 +36,8 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
     app.extensions[EXTENSION] = Services(settings=settings, store=store, sessions=domain)
 
     register_problems(app, retry_after_seconds=settings.retry_after_seconds)
-    security.install(app, settings)  # API keys, rate limits, CORS (issue 6)
-    health.instrument(app)
+    observability.install(app, settings)  # first: every later hook's refusal carries the request id
+    security.install(app, settings)  # API keys, rate limits, CORS
     for blueprint in (instances.bp, sessions.bp, select.bp, health.bp, evaluation.bp):
         app.register_blueprint(blueprint)
     return app

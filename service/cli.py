@@ -9,11 +9,14 @@ import argparse
 import importlib
 import sys
 
+from service import __version__
+
 COMMANDS = ("serve", "evaluate", "tree", "simulate", "play")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgecut", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"edgecut {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f"service.commands.{name}")

@@ -20,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from service.logs import logging_config
 from service.settings import ConfigurationError, load_settings
 
 try:
@@ -37,8 +38,10 @@ keepalive = 5
 max_requests = 20_000
 max_requests_jitter = 2_000
 loglevel = settings.log_level.lower()
-errorlog = "-"
-accesslog = None  # access logs cost throughput; Prometheus counts every request by route and status
+# gunicorn's lines and the app's in one format on stderr; the app writes the access log itself
+# (it knows the request id and tenant), so gunicorn's stays off.
+logconfig_dict = logging_config(settings.log_level, settings.log_format)
+accesslog = None
 forwarded_allow_ips = "127.0.0.1"
 # No gunicornc control socket: one fixed path would collide between several servers on a host.
 control_socket_disable = True

@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.logs import LogFormat
+
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
@@ -23,56 +25,70 @@ class ConfigurationError(ValueError):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=False, extra="forbid", frozen=True)
 
-    # Unset: the embedded in-memory store (one process only).
-    redis_url: str | None = None
-    # Sliding time to live of sessions (and of the instances they refer to), seconds.
-    session_ttl: int = Field(default=86_400, ge=1, le=365 * 86_400)
-    # Request bodies above this answer 413 before they are parsed.
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
-    # n·N above this answers 413 (instance-too-large) before any array is built.
-    max_cells: int = Field(default=50_000_000, ge=1)
-    log_level: LogLevel = "INFO"
-    # gunicorn worker processes (forced to 1 with the in-memory store) and threads per worker.
-    web_concurrency: int | None = Field(default=None, ge=1, le=64)
-    web_threads: int = Field(default=8, ge=1, le=256)
-    # Every Redis key starts with this (several deployments can share one Redis).
-    key_prefix: str = Field(default="edgecut", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
-    # Per-worker LRU of compiled instances, bytes.
-    instance_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
-    # Seconds a client is told to wait (Retry-After) when the store is unavailable.
-    retry_after_seconds: int = Field(default=1, ge=1, le=3600)
-    # --- Security and worker-protecting limits (issue 6; docs/reliability.md) ---------------
-    # API keys, comma-separated "tenant:key" (or a bare key: tenant "public"); a key may be given
-    # as "sha256:<hex>" so only its hash is configured. Neither set: no authentication.
-    api_keys: str | None = None
-    api_keys_file: str | None = None  # the same entries, one per line (# comments)
-    # Per-tenant request rate, "<count>/<second|minute|hour>" (e.g. "50/second"); unset: none.
-    rate_limit: str | None = Field(default=None, pattern=r"^\s*[1-9][0-9]*\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
-    # Requests a tenant may send at once before the rate applies; default: RATE_LIMIT's count.
-    rate_limit_burst: int | None = Field(default=None, ge=1)
-    # Browser origins allowed by CORS, comma-separated, or "*"; unset: no CORS headers.
-    cors_origins: str | None = None
+    redis_url: str | None = Field(default=None, description=(
+        "`redis://`, `rediss://` or `unix://` URL; unset: the embedded in-memory store (one process)"))
+    session_ttl: int = Field(default=86_400, ge=1, le=365 * 86_400, description=(
+        "seconds a session lives after its last read or write (instances: twice that after last use)"))
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description=(
+        "larger request bodies are 413 `body-too-large` before they are parsed"))
+    max_cells: int = Field(default=50_000_000, ge=1, description=(
+        "largest n·N of an instance, counted before any array is built (413 `instance-too-large`)"))
+    log_level: LogLevel = Field(default="INFO", description="`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`")
+    log_format: LogFormat = Field(default="json", description=(
+        "`json`: one JSON object per line on stderr (time, level, logger, message, request id, method, path, "
+        "status, duration_ms, tenant); `text` for a person at a terminal"))
+    access_log: bool = Field(default=True, description="one log line per request")
+    web_concurrency: int | None = Field(default=None, ge=1, le=64, description=(
+        "gunicorn worker processes (default 2 per core, at most 8); always 1 with the in-memory store"))
+    web_threads: int = Field(default=8, ge=1, le=256, description="threads per worker (gthread)")
+    key_prefix: str = Field(default="edgecut", pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description=(
+        "prefix of every Redis key (several deployments can share one Redis)"))
+    instance_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description=(
+        "per-worker LRU of compiled instances, bytes"))
+    retry_after_seconds: int = Field(default=1, ge=1, le=3600, description=(
+        "the `Retry-After` of a 503 (the store is unavailable)"))
+    # --- Security and worker-protecting limits (docs/reliability.md) -------------------------
+    api_keys: str | None = Field(default=None, description=(
+        "API keys, comma-separated `tenant:key` (a bare key: tenant `public`); `sha256:<hex>` configures "
+        "only a key's hash. Neither this nor API_KEYS_FILE: no authentication"))
+    api_keys_file: str | None = Field(default=None, description="the same entries, one per line (`#` comments)")
+    rate_limit: str | None = Field(
+        default=None, pattern=r"^\s*[1-9][0-9]*\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$", description=(
+            "per-tenant request rate, `<count>/<second|minute|hour>` (e.g. `50/second`); unset: none (429)"))
+    rate_limit_burst: int | None = Field(default=None, ge=1, description=(
+        "requests a tenant may send at once before the rate applies (default: RATE_LIMIT's count)"))
+    cors_origins: str | None = Field(default=None, description=(
+        "browser origins allowed by CORS, comma-separated, or `*`; unset: no CORS headers"))
     # Each limit below is answered 413 limit-exceeded, naming the variable.
-    max_json_depth: int = Field(default=32, ge=4, le=512)
-    max_classes: int = Field(default=10_000, ge=2)
-    max_outcomes_per_test: int = Field(default=256, ge=2)
-    max_label_length: int = Field(default=200, ge=1, le=200)  # 200: the wire schema's own cap
-    max_observations_per_request: int = Field(default=10_000, ge=1, le=10_000)  # ditto
-    # --- Evaluation and tree export over HTTP (issue 5; docs/evaluation.md) ------------------
+    max_json_depth: int = Field(default=32, ge=4, le=512, description="deepest JSON nesting (413 `limit-exceeded`)")
+    max_classes: int = Field(default=10_000, ge=2, description="most classes in an instance (413 `limit-exceeded`)")
+    max_outcomes_per_test: int = Field(default=256, ge=2, description=(
+        "most outcome labels of one test (413 `limit-exceeded`)"))
+    max_label_length: int = Field(default=200, ge=1, le=200, description=(
+        "longest id or label, characters (413 `limit-exceeded`; the wire schema's own cap is 200)"))
+    max_observations_per_request: int = Field(default=10_000, ge=1, le=10_000, description=(
+        "most observations in one request (413 `limit-exceeded`; the wire schema's own cap is 10 000)"))
+    # --- Evaluation and tree export over HTTP (docs/evaluation.md) ----------------------------
     # Past each limit the request is refused 422 naming it, so a worker is never held long.
-    # Seconds of work per evaluation or tree request: well under gunicorn's 30 s worker timeout.
-    evaluation_time_limit: float = Field(default=10.0, ge=0)
-    evaluation_max_samples: int = Field(default=20_000, ge=1)
-    evaluation_max_dp_states: int = Field(default=20_000, ge=0)
-    # hypotheses × tests × policies per evaluation request (a 1000 × 100 instance, 7 policies).
-    evaluation_max_policy_cells: int = Field(default=1_000_000, ge=1)
-    tree_max_nodes: int = Field(default=2_000, ge=1)
-    tree_max_depth: int = Field(default=6, ge=1)
+    evaluation_time_limit: float = Field(default=10.0, ge=0, description=(
+        "seconds of work per evaluation or tree request, well under gunicorn's 30 s worker timeout (422)"))
+    evaluation_max_samples: int = Field(default=20_000, ge=1, description="most Monte Carlo samples (422)")
+    evaluation_max_dp_states: int = Field(default=20_000, ge=0, description=(
+        "most version spaces the exact optimum may visit (422)"))
+    evaluation_max_policy_cells: int = Field(default=1_000_000, ge=1, description=(
+        "hypotheses × tests × policies per evaluation request (422)"))
+    tree_max_nodes: int = Field(default=2_000, ge=1, description="most nodes of an exported tree (422)")
+    tree_max_depth: int = Field(default=6, ge=1, description="deepest exported tree (422)")
 
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("redis_url", mode="before")
     @classmethod

@@ -63,5 +63,6 @@ def test_an_unexpected_error_is_a_bare_500_and_is_logged(app_config, caplog):
     response = app.test_client().get("/boom")
     body = assert_problem(response, 500, "internal-error")
     assert "secret" not in response.get_data(as_text=True)
-    assert set(body) == {"type", "title", "status", "detail"}
+    assert set(body) == {"type", "title", "status", "detail", "request_id"}
+    assert response.headers["X-Request-ID"] == body["request_id"]
     assert any("secret internals" in (r.exc_text or "") or r.exc_info for r in caplog.records)

@@ -3,6 +3,7 @@ over HTTP from an instance to ``done``; and the embedded-store server forced to 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -141,3 +142,32 @@ def test_bad_configuration_fails_at_start_with_a_clear_message():
     assert result.returncode == 2
     assert "SESSION_TTL" in result.stderr and "REDIS_URL" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_request_id_reaches_the_header_the_problem_and_the_json_access_log():
+    server = Server({"REDIS_URL": "", "LOG_LEVEL": "info", "LOG_FORMAT": "json"})
+    try:
+        server.wait_ready()
+        quoted = requests.get(f"{server.url}/v1/sessions/no-such-session", headers={"X-Request-ID": "abc-123"},
+                              timeout=5)
+        generated = requests.get(f"{server.url}/v1/sessions/no-such-session", timeout=5)
+        forged = requests.get(f"{server.url}/healthz", headers={"X-Request-ID": "x\" injected=1"}, timeout=5)
+    finally:
+        server.stop()
+    assert quoted.status_code == 404
+    assert quoted.headers["X-Request-ID"] == "abc-123"
+    assert quoted.json()["request_id"] == "abc-123"
+    own_id = generated.headers["X-Request-ID"]
+    assert len(own_id) == 32 and generated.json()["request_id"] == own_id
+    assert forged.headers["X-Request-ID"] != "x\" injected=1"
+
+    # Every line gunicorn and the app wrote is one JSON object (serve's own notice aside).
+    lines = [line for line in server.log.splitlines() if line.strip() and not line.startswith("edgecut: ")]
+    records = [json.loads(line) for line in lines]
+    assert all({"time", "level", "logger", "message"} <= set(record) for record in records)
+    access = [r for r in records if r["logger"] == "service.access" and r.get("request_id") == "abc-123"]
+    assert len(access) == 1
+    assert access[0]["method"] == "GET" and access[0]["path"] == "/v1/sessions/no-such-session"
+    assert access[0]["status"] == 404 and access[0]["duration_ms"] >= 0
+    assert access[0]["tenant"] == "public"
+    assert any(r["logger"] == "service.access" and r.get("request_id") == own_id for r in records)

@@ -40,5 +40,5 @@ def test_every_problem_status_is_documented_somewhere():
     text = (ROOT / "openapi.yaml").read_text()
     spec = yaml.safe_load(text)
     statuses = {int(code) for item in spec["paths"].values() for op in item.values() for code in op["responses"]}
-    assert {status for status, _ in PROBLEMS.values()} - {405} <= statuses
+    assert {status for status, _, _ in PROBLEMS.values()} - {405} <= statuses
     assert all(code in text for code in PROBLEMS)  # each problem code is named in the contract

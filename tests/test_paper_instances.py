@@ -162,3 +162,21 @@ def test_the_tree_has_no_branch_for_an_outcome_no_hypothesis_gives():
             assert any(inst.outcomes[h, node.test] == k for h in node.belief.alive)
             assert child.probability > 0
     assert engine.expected_cost(tree) == pytest.approx(ref.expected_cost(model, "ec2"), rel=1e-9)
+
+
+def test_the_library_result_is_labelled_with_test_ids_and_classes():
+    from api_support import TRIAGE
+    from schemas.instance import Instance
+    from service import engine
+
+    inst = engine.compile_instance(Instance.model_validate(TRIAGE))
+    first = engine.next_step(inst, engine.parse_observations(inst, []))
+    assert first.next_test_id == TRIAGE["tests"][first.next_test]["id"]
+    priors = {}
+    for h in TRIAGE["hypotheses"]:
+        priors[h["class"]] = priors.get(h["class"], 0.0) + h["prior"]
+    total = sum(priors.values())
+    assert first.class_posterior == pytest.approx({c: p / total for c, p in priors.items()})
+    assert list(first.class_posterior.values()) == sorted(first.class_posterior.values(), reverse=True)
+    done = engine.next_step(inst, engine.parse_observations(inst, [("ecg", "abnormal")]))
+    assert done.next_test_id is None and done.class_posterior == {"admit": 1.0}

@@ -1,15 +1,14 @@
 """Operations: ``/healthz`` (the process answers; no store needed), ``/readyz`` (the store
-answers), ``/metrics`` (Prometheus), ``/openapi.yaml`` (the contract), and the request
-instrumentation behind the metrics."""
+answers), ``/metrics`` (Prometheus), ``/openapi.yaml`` (the contract). The per-request
+instrumentation behind the metrics is in service/api/observability.py."""
 
 from __future__ import annotations
 
-import time
 from importlib import resources
 
-from flask import Blueprint, Flask, Response, g, request
+from flask import Blueprint, Response
 
-from service.metrics import REQUEST_SECONDS, REQUESTS, render
+from service.metrics import render
 from service.store import StoreUnavailable
 
 from .context import services
@@ -50,19 +49,3 @@ def openapi_text() -> bytes:
     openapi.yaml is a link to it), so ``pip install .`` serves the same file."""
     return resources.files("service").joinpath("openapi.yaml").read_bytes()
 
-
-def instrument(app: Flask) -> None:
-    """Count and time every request by route template (bounded label values, not raw paths)."""
-
-    @app.before_request
-    def _start() -> None:
-        g.request_started = time.perf_counter()
-
-    @app.after_request
-    def _record(response: Response) -> Response:
-        started = g.pop("request_started", None)
-        route = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
-        REQUESTS.labels(route, request.method, str(response.status_code)).inc()
-        if started is not None:
-            REQUEST_SECONDS.labels(route, request.method).observe(time.perf_counter() - started)
-        return response

@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 from pydantic.json_schema import models_json_schema
 
+from service import __version__
+
 from schemas.api import (
     MAX_OBSERVATIONS_PER_REQUEST,
     InstanceSummary,
@@ -72,7 +74,7 @@ def _schemas() -> dict[str, Any]:
             prop.pop("title", None)
     schemas["Problem"]["description"] = (
         "RFC 9457 problem details. `type` is `" + TYPE_PREFIX + "<code>`; the codes: "
-        + ", ".join(f"`{code}` ({status})" for code, (status, _) in PROBLEMS.items()) + ".")
+        + ", ".join(f"`{code}` ({status})" for code, (status, _, _) in PROBLEMS.items()) + ".")
     schemas["Problem"]["properties"]["type"]["examples"] = [TYPE_PREFIX + "inconsistent"]
     return schemas
 
@@ -231,11 +233,13 @@ def build_spec() -> dict[str, Any]:
                                   "content": {"application/yaml": {"schema": {"type": "string"}}}},
                           **_problems(500)}}},
     }
-    # With API keys on (issue 6) every /v1 route may answer 401, and with a rate limit 429.
+    # With API keys on every /v1 route may answer 401, and with a rate limit 429. The key is
+    # optional (``{}``): a service without API_KEYS takes anonymous requests.
     for path, item in paths.items():
         if path.startswith("/v1/"):
             for operation in item.values():
                 operation["responses"] = dict(sorted({**operation["responses"], **_problems(401, 429)}.items()))
+                operation["security"] = [{"bearerApiKey": []}, {}]
     problem_responses = {}
     for status, text in STATUS_TEXT.items():
         response: dict[str, Any] = {"description": text,
@@ -250,14 +254,17 @@ def build_spec() -> dict[str, Any]:
         problem_responses[f"Problem{status}"] = response
     return {
         "openapi": "3.1.0",
-        "info": {"title": "edgecut", "version": "1.0.0",
+        "info": {"title": "edgecut", "version": __version__,
                  "description": ("Adaptive testing with EC² (Golovin, Krause & Ray, NIPS 2010): post an instance, "
                                   "start a session, post what you observe; each answer names the next test "
                                   "until the equivalence class is determined. Errors are RFC 9457 "
                                   "application/problem+json. See docs/api.md.")},
         "servers": [{"url": "/"}],
         "paths": paths,
-        "components": {"schemas": _schemas(), "responses": problem_responses},
+        "components": {"schemas": _schemas(), "responses": problem_responses,
+                       "securitySchemes": {"bearerApiKey": {
+                           "type": "http", "scheme": "bearer",
+                           "description": "An API key (API_KEYS), as `Authorization: Bearer <key>`"}}},
     }
 
 

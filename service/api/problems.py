@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, Response, request
+from flask import Flask, Response, g, has_request_context, request
 from werkzeug.exceptions import HTTPException
 
 from schemas.api import Problem
@@ -25,42 +25,53 @@ log = logging.getLogger(__name__)
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "urn:edgecut:problem:"
 
-# code → (status, title). docs/api.md and openapi.yaml list the same table.
-PROBLEMS: dict[str, tuple[int, str]] = {
-    "bad-request": (400, "Bad request"),
-    "malformed-json": (400, "Malformed JSON"),
-    "invalid-header": (400, "Invalid header"),
-    "invalid-parameter": (400, "Invalid query parameter"),
-    "unauthorized": (401, "Unauthorized"),
-    "not-found": (404, "Not found"),
-    "instance-not-found": (404, "Instance not found"),
-    "session-not-found": (404, "Session not found"),
-    "method-not-allowed": (405, "Method not allowed"),
-    "conflicting-observation": (409, "Conflicting observation"),
-    "inconsistent": (409, "Inconsistent observation"),
-    "session-done": (409, "Session is done"),
-    "concurrent-update": (409, "Concurrent update"),
-    "idempotency-key-reused": (409, "Idempotency key reused"),
-    "instance-expired": (410, "Instance expired"),
-    "precondition-failed": (412, "Precondition failed"),
-    "body-too-large": (413, "Request body too large"),
-    "instance-too-large": (413, "Instance too large"),
-    "unsupported-media-type": (415, "Unsupported media type"),
-    "limit-exceeded": (413, "Over a service limit"),
-    "rate-limited": (429, "Too many requests"),
-    "validation-error": (422, "Invalid request"),
-    "unknown-test": (422, "Unknown test"),
-    "unknown-outcome": (422, "Unknown outcome"),
-    "unknown-policy": (422, "Unknown policy"),
-    "policy-not-applicable": (422, "Policy not applicable"),
-    "infeasible": (422, "Infeasible computation"),
-    "evaluation-limit": (422, "Evaluation beyond its limits"),
-    "tree-too-large": (422, "Policy tree too large"),
-    "engine-error": (422, "Request refused"),
-    "service-error": (400, "Request refused"),
-    "internal-error": (500, "Internal server error"),
-    "graphviz-missing": (501, "Graphviz not installed"),
-    "store-unavailable": (503, "Store unavailable"),
+# code → (status, title, when a client gets it). openapi.yaml names every code, and docs/api.md's
+# table is generated from this one (python3 -m service.api.reference).
+PROBLEMS: dict[str, tuple[int, str, str]] = {
+    "bad-request": (400, "Bad request", "the request is malformed at the HTTP level"),
+    "malformed-json": (400, "Malformed JSON",
+                       "the body is not JSON (NaN, Infinity, invalid UTF-8 and nesting deeper than 1024 included)"),
+    "invalid-header": (400, "Invalid header", "a bad `Idempotency-Key` or `If-Match`"),
+    "invalid-parameter": (400, "Invalid query parameter", "`explain` (or a tree parameter) not of its type"),
+    "unauthorized": (401, "Unauthorized",
+                     "API keys are on (`API_KEYS`) and no valid `Authorization: Bearer` key came"),
+    "not-found": (404, "Not found", "no such route"),
+    "instance-not-found": (404, "Instance not found", "no such instance for this tenant (unknown or expired)"),
+    "session-not-found": (404, "Session not found", "no such session for this tenant"),
+    "method-not-allowed": (405, "Method not allowed", "with an `Allow` header"),
+    "conflicting-observation": (409, "Conflicting observation",
+                                "the test was already observed with another outcome; nothing is stored"),
+    "inconsistent": (409, "Inconsistent observation",
+                     "the observation contradicts every remaining hypothesis; nothing is stored"),
+    "session-done": (409, "Session is done", "a new observation after the session stopped"),
+    "concurrent-update": (409, "Concurrent update", "other writers kept winning; retry"),
+    "idempotency-key-reused": (409, "Idempotency key reused",
+                               "an `Idempotency-Key` already used for a different session request"),
+    "instance-expired": (410, "Instance expired",
+                         "the session's instance is no longer stored: post it again and start a new session"),
+    "precondition-failed": (412, "Precondition failed", "`If-Match` names a stale version"),
+    "body-too-large": (413, "Request body too large", "the body is over `MAX_BODY_BYTES`"),
+    "instance-too-large": (413, "Instance too large",
+                           "n·N over `MAX_CELLS` (or a `max_flips` expansion over it)"),
+    "unsupported-media-type": (415, "Unsupported media type",
+                               "the body is not `application/json` (or `application/*+json`)"),
+    "limit-exceeded": (413, "Over a service limit", "over a `MAX_*` limit, named in `detail`"),
+    "rate-limited": (429, "Too many requests",
+                     "over the tenant's rate limit (`RATE_LIMIT`); retry after `Retry-After` seconds"),
+    "validation-error": (422, "Invalid request",
+                         "the body breaks the wire schema; `errors` lists each problem with its JSON path"),
+    "unknown-test": (422, "Unknown test", "an observation names a test the instance does not have"),
+    "unknown-outcome": (422, "Unknown outcome", "an observation names an outcome its test does not have"),
+    "unknown-policy": (422, "Unknown policy", "no policy of that name"),
+    "policy-not-applicable": (422, "Policy not applicable", "the policy needs another kind of instance"),
+    "infeasible": (422, "Infeasible computation", "the exact computation asked for is beyond its limit"),
+    "evaluation-limit": (422, "Evaluation beyond its limits", "an evaluation over an `EVALUATION_*` limit"),
+    "tree-too-large": (422, "Policy tree too large", "a tree over `TREE_MAX_NODES` or `TREE_MAX_DEPTH`"),
+    "engine-error": (422, "Request refused", "the engine refused the request (`detail` says why)"),
+    "service-error": (400, "Request refused", "the service refused the request (`detail` says why)"),
+    "internal-error": (500, "Internal server error", "a bug: logged with the request id, no details given"),
+    "graphviz-missing": (501, "Graphviz not installed", "an SVG/PNG tree without Graphviz installed"),
+    "store-unavailable": (503, "Store unavailable", "Redis does not answer; `Retry-After` says when to retry"),
 }
 
 # Werkzeug's own HTTP errors (routing, body limit) by status.
@@ -70,9 +81,11 @@ _HTTP_CODES = {400: "bad-request", 404: "not-found", 405: "method-not-allowed", 
 
 def problem_response(code: str, detail: str, errors: list[dict[str, str]] | None = None,
                      headers: dict[str, str] | None = None, status: int | None = None) -> Response:
-    known_status, title = PROBLEMS.get(code, (status or 500, "Error"))
+    known_status, title, _ = PROBLEMS.get(code, (status or 500, "Error", ""))
     status = status or known_status
-    body = Problem(type=TYPE_PREFIX + code, title=title, status=status, detail=detail, errors=errors)
+    request_id = g.get("request_id") if has_request_context() else None
+    body = Problem(type=TYPE_PREFIX + code, title=title, status=status, detail=detail, errors=errors,
+                   request_id=request_id)
     return json_response(body, status, headers=headers, media_type=PROBLEM_MEDIA_TYPE)
 
 

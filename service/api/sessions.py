@@ -70,7 +70,7 @@ def show(session_id: str) -> Response:
 @bp.delete("/<session_id>")
 def delete(session_id: str) -> Response:
     sessions().delete(session_id, tenant(), if_match=_if_match())
-    return Response(status=204)
+    return Response(status=204, content_type=None)
 
 
 @bp.post("/<session_id>/observations")

@@ -15,7 +15,7 @@ CONFIG = "python:service.gunicorn_conf"
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="run the HTTP service (gunicorn)",
-                                   description=__doc__.split("\n")[0])
+                                   description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--workers", type=int, default=None,

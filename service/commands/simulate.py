@@ -1,6 +1,7 @@
 """``edgecut simulate lotteries``: the paper's figure 2 experiment with simulated subjects.
 
-Writes, under ``--out`` (``docs/`` by default):
+Writes, under ``--out`` (a new ``lotteries-results/`` by default, so a trial run never
+overwrites the committed results; the docs regenerate theirs with ``--out docs``):
 
 * ``lotteries{-tag}.csv``: accuracy after 0..T tests per study and policy, with 95% intervals;
 * ``figures/lotteries{-tag}-{study}.png``: the accuracy curves with their 95% bands;
@@ -69,7 +70,8 @@ def register(subparsers) -> None:
     lot.add_argument("--when-uninformative", choices=WHEN_UNINFORMATIVE, default="stop",
                      help="when no test has positive gain: stop (the engine's rule), or keep "
                      "asking the first / a random unrun test (diagnostic)")
-    lot.add_argument("--out", type=Path, default=Path("docs"), help="output folder (default docs/)")
+    lot.add_argument("--out", type=Path, default=Path("lotteries-results"),
+                     help="output folder (default lotteries-results/; the committed results are in docs/)")
     lot.add_argument("--tag", default="",
                      help="suffix for output names and the results block, for diagnostic runs")
     lot.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -7,7 +7,7 @@ Typical use::
 
     inst = engine.compile_instance(Instance.model_validate(payload))
     decision = engine.next_step(inst, engine.parse_observations(inst, [("ecg", "abnormal")]))
-    decision.next_test, decision.stop_reason, decision.belief.class_posterior
+    decision.next_test_id, decision.stop_reason, decision.class_posterior   # 'ecg', None, {'admit': 0.7, ...}
 """
 
 from .belief import Belief, Observation, OutcomeStats, observe, parse_observations

@@ -61,6 +61,19 @@ class Decision:
     def done(self) -> bool:
         return self.next_test is None
 
+    @property
+    def next_test_id(self) -> str | None:
+        """The next test's id (``next_test`` is its index)."""
+        return None if self.next_test is None else self.belief.instance.test_ids[self.next_test]
+
+    @property
+    def class_posterior(self) -> dict[str, float]:
+        """Class label → P(class | observations), the classes still possible, most probable first."""
+        labels = self.belief.instance.class_labels
+        posterior = self.belief.class_posterior
+        order = np.argsort(-posterior, kind="stable")
+        return {labels[i]: float(posterior[i]) for i in order if posterior[i] > 0}
+
 
 def resolve_policy(inst: CompiledInstance, name: str | None) -> Policy:
     if name is None:
