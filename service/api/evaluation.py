@@ -11,11 +11,9 @@ is never held beyond it. Deterministic evaluations are exact and fast (a tree wa
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from flask import Blueprint, Response, request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from schemas.api import EvaluateRequest
 from service import engine
 from service.errors import ServiceError
 from service.evaluation import EvaluationLimits, evaluate
@@ -27,23 +25,10 @@ from .encoding import InvalidParameter, json_response, parse_body
 bp = Blueprint("evaluation", __name__, url_prefix="/v1/instances")
 
 TREE_FORMATS = ("json", "dot", "svg", "png")
-MAX_POLICIES = 10
 
 
 class GraphvizUnavailable(ServiceError):
     code = "graphviz-missing"
-
-
-class EvaluateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    policies: Annotated[list[str], Field(min_length=1, max_length=MAX_POLICIES)] | None = None
-    max_tests: Annotated[StrictInt, Field(ge=0)] | None = None
-    max_cost: Annotated[float, Field(gt=0)] | None = None
-    confidence: Annotated[float, Field(gt=0, le=1)] | None = None
-    samples: Annotated[StrictInt, Field(ge=1)] = 2000
-    seed: Annotated[StrictInt, Field(ge=0)] = 0
-    optimum: StrictBool = True
 
 
 @bp.post("/<instance_id>/evaluate")
