@@ -58,7 +58,8 @@ def tree(instance_id: str) -> Response:
         max_tests=_int_arg("max_tests"), max_cost=_float_arg("max_cost"), confidence=_float_arg("confidence"))
     settings = services().settings
     limits = trees.TreeLimits(max_nodes=settings.tree_max_nodes, max_depth=settings.tree_max_depth,
-                              render_timeout=settings.evaluation_time_limit)
+                              render_timeout=settings.evaluation_time_limit,
+                              time_limit=settings.evaluation_time_limit)
     depth = _int_arg("depth")
     if depth is not None and depth > limits.max_depth:
         raise engine.InfeasibleComputation(f"depth must be at most {limits.max_depth} (tree_max_depth)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from importlib import resources
 
@@ -32,6 +33,8 @@ from service.engine import (
     resolve_policy,
     worst_case_cost,
 )
+
+from .report import EvaluationLimitExceeded
 
 FORMATS = ("json", "dot", "svg", "png")
 MEDIA_TYPES = {
@@ -67,6 +70,8 @@ class TreeLimits:
     # Likelihood instances only: the deepest level exported (deterministic trees end by themselves).
     max_depth: int = 5
     render_timeout: float = 30.0  # seconds for one ``dot`` run
+    # Seconds of wall clock for building the tree (HTTP: EVALUATION_TIME_LIMIT); None: no limit.
+    time_limit: float | None = None
 
 
 def build_tree(
@@ -90,8 +95,20 @@ def build_tree(
         # off the likelihood default (StopRules.effective_confidence), changing the policy.
         rules = StopRules(max_tests=cut, max_cost=rules.max_cost,
                           confidence=rules.effective_confidence(inst))
+    check = None
+    if limits.time_limit is not None:
+        deadline = time.monotonic() + limits.time_limit
+
+        def check() -> None:
+            if time.monotonic() > deadline:
+                raise EvaluationLimitExceeded(
+                    f"the policy tree would not be built within the {limits.time_limit:g} s limit "
+                    "(EVALUATION_TIME_LIMIT); bound it with max_tests or a smaller depth, or use "
+                    "edgecut tree, which has no time limit")
     try:
-        tree = policy_tree(inst, resolved, rules, seed, max_nodes=limits.max_nodes)
+        tree = policy_tree(inst, resolved, rules, seed, max_nodes=limits.max_nodes, check=check)
+    except EvaluationLimitExceeded:
+        raise  # out of time, not too large
     except InfeasibleComputation as error:
         advice = "a smaller depth" if inst.kind == "likelihood" else "max_tests or max_cost"
         raise TreeTooLarge(
