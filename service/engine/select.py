@@ -12,8 +12,14 @@ from .compiled import CompiledInstance
 from .errors import PolicyNotApplicable, UnknownPolicy
 from .policies import POLICIES, Policy, ec2_gain
 
-# A normalised gain at or below this is zero: it is round-off, not information.
+# A normalised gain at or below this is zero: it is round-off, not information. Gains are
+# differences of sums of order 1 (absolute round-off near 1e-16), so the tolerance is absolute;
+# a positive prior below 1e-9 of the total, whose gains could fall under it, is refused at the
+# wire (schemas/instance.py MIN_PRIOR_SHARE; docs/engine.md).
 ZERO_GAIN = 1e-12
+# A test fits the budget when the cost spent after it is within this relative distance of
+# max_cost: costs summed in another order (0.1 + 0.2 vs 0.3) differ by round-off only.
+BUDGET_TOLERANCE = 1e-12
 # Scores within this relative distance of the best are ties, won by the earliest test.
 TIE_TOLERANCE = 1e-9
 # A likelihood instance never becomes certain; with no stop rule given it stops here.
@@ -112,15 +118,17 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     statistics = policy.statistics | (POLICIES["ec2"].statistics if inst.kind == "deterministic" else frozenset())
     stats = belief.outcome_stats(statistics)
     if inst.kind == "deterministic":
-        # Policy-independent: can any unrun test still cut an edge between classes?
-        if not (ec2_gain(stats)[unrun] > ZERO_GAIN).any():
+        # Policy-independent: can any unrun test still cut an edge between classes? A gain above
+        # the tolerance says yes; otherwise the outcomes themselves decide, exactly (a class
+        # too light for the tolerance is not "indistinguishable").
+        if not (ec2_gain(stats)[unrun] > ZERO_GAIN).any() and not splits(belief, unrun):
             return stop(StopReason.INDISTINGUISHABLE)
     if not unrun.any():
         return stop(StopReason.TESTS_EXHAUSTED)
     gain = policy.gain(stats)
     eligible = unrun.copy()
     if rules.max_cost is not None:
-        eligible &= inst.costs <= rules.max_cost - belief.cost_spent + 1e-12
+        eligible &= belief.cost_spent + inst.costs <= rules.max_cost * (1 + BUDGET_TOLERANCE)
         if not eligible.any():
             return stop(StopReason.BUDGET_EXHAUSTED)
     informative = eligible & (gain > ZERO_GAIN)
@@ -139,6 +147,23 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     best = ratio.max()
     chosen = int(np.flatnonzero(ratio >= best - TIE_TOLERANCE * abs(best))[0])
     return Decision(belief, chosen, None, scores)
+
+
+def splits(belief: Belief, tests: np.ndarray) -> bool:
+    """Does any of ``tests`` (a mask) give two alive hypotheses different outcomes? With two
+    classes alive that is exactly "cuts an edge": if h and h′ differ on t and share a class, any
+    h″ of another class differs on t from one of them. Deterministic instances; blocks of rows
+    keep the temporary small."""
+    columns = np.flatnonzero(tests)
+    if columns.size == 0:
+        return False
+    outcomes = belief.instance.outcomes
+    first = outcomes[belief.alive[0], columns]
+    step = max(1, (1 << 20) // columns.size)
+    for start in range(0, belief.alive.size, step):
+        if (outcomes[np.ix_(belief.alive[start:start + step], columns)] != first).any():
+            return True
+    return False
 
 
 def next_step(
