@@ -159,6 +159,14 @@ def validate_instance_rules(inst: Instance) -> list[Problem]:
     return problems[:MAX_PROBLEMS]
 
 
+def _total(values) -> float:
+    """The exact sum rounded once, or inf when it is beyond the largest float."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.inf
+
+
 def _labels_in_message(labels: set[str] | list[str]) -> str:
     """A test's outcome labels for an error message: sorted when few, the first ten otherwise
     (a hostile test may list thousands, and each problem names them)."""
@@ -187,7 +195,7 @@ def _check_tests(inst: Instance) -> list[Problem]:
             problems.append((("tests", i, "error_rate"), "error_rate must be in [0, 1)"))
         if len(problems) > MAX_PROBLEMS:
             return problems
-    if not problems and not math.isfinite(math.fsum(float(t.cost) for t in inst.tests)):
+    if not problems and not math.isfinite(_total(float(t.cost) for t in inst.tests)):
         problems.append((("tests",), "the costs sum to more than the largest float; scale them down"))
     return problems
 
@@ -201,10 +209,7 @@ def _check_prior_values(values: list[tuple[Loc, float]], where: Loc) -> list[Pro
                 return problems
     if not values or problems:
         return problems
-    try:
-        total = math.fsum(float(p) for _, p in values)
-    except OverflowError:
-        total = math.inf
+    total = _total(float(p) for _, p in values)
     if not math.isfinite(total):
         return [(where, "the priors sum to more than the largest float; scale them down "
                         "(only their ratios matter)")]
