@@ -107,6 +107,28 @@ def test_a_likelihood_tensor_counts_its_bytes_against_max_compiled_bytes():
     assert engine.compile_instance(instance, max_bytes=2_000_000).likelihood.shape == (100, 20, 64)
 
 
+def test_compiling_holds_at_most_about_twice_what_it_counts():
+    # MAX_COMPILED_BYTES promises "about twice this for a moment": the noisy tensor is built in
+    # place in its final layout, and the content hash reads it a block at a time.
+    instance = Instance.model_validate(many_labels_with_noise(400, 50, 64))  # 10 MB of floats
+    tracemalloc.start()
+    try:
+        compiled = engine.compile_instance(instance)
+        assert compiled.content_hash
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * compiled.likelihood.nbytes, peak
+
+
+def test_noisy_rows_are_compared_by_their_stated_outcomes_for_the_warnings():
+    # h0 and h1 differ only on t0, whose noise 0.5 on two outcomes makes it say nothing.
+    payload = {"tests": [{"id": "t0", "outcomes": ["0", "1"], "error_rate": 0.5},
+                         {"id": "t1", "outcomes": ["0", "1"]}],
+               "classes": ["a", "b", "b"], "matrix": [[0, 0], [1, 0], [0, 1]], "noise": 0.1}
+    assert compile_wire(payload).warnings == ("indistinguishable: no test tells apart '0' (a), '1' (b)",)
+
+
 def test_given_likelihoods_count_n_N_l_cells():
     rows = [[[0.5, 0.25, 0.25]] * 4 for _ in range(10)]  # 10 × 4 = 40 cells, 120 numbers
     payload = {"tests": [{"id": f"t{j}"} for j in range(4)], "classes": ["a", "b"] * 5, "likelihood_matrix": rows}

@@ -115,9 +115,14 @@ class CompiledInstance:
             put("\x1f".join(labels).encode())
         for array in (self.costs, self.class_index.astype("<i8"), self.prior, self.outcomes, self.likelihood):
             if array is not None:
-                canonical = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-                put(f"{canonical.dtype.str}{canonical.shape}".encode())
-                put(canonical.tobytes())
+                dtype = array.dtype.newbyteorder("<")
+                put(f"{dtype.str}{array.shape}".encode())
+                # The C-order bytes, a block of rows at a time: the likelihood is stored
+                # outcome-major, and one contiguous copy of it would double the memory.
+                digest.update((array.size * array.itemsize).to_bytes(8, "little"))
+                rows = max(1, (1 << 20) // max(1, array[:1].nbytes))
+                for start in range(0, max(len(array), 1), rows):
+                    digest.update(np.ascontiguousarray(array[start:start + rows], dtype=dtype).data)
         return digest.hexdigest()
 
 
@@ -203,18 +208,12 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
         width = max(len(o) for o in outcome_labels)
         _check_size(n, n_tests, width, 8, max_cells, max_bytes, "the likelihood tensor")
         likelihood = _normalise_rows(likelihood, outcome_labels)
-    else:
-        error_rates = _error_rates(instance)
-        if instance.max_flips is not None:
-            matrix, prior, class_index, hypothesis_ids = _expand_noisy_copies(
-                matrix, prior, class_index, hypothesis_ids, outcome_labels, test_ids,
-                instance.max_flips, error_rates, max_cells, max_bytes,
-            )
-        elif error_rates.any():
-            width = max(len(o) for o in outcome_labels)
-            _check_size(n, n_tests, width, 8, max_cells, max_bytes, "noise's likelihood tensor")
-            likelihood = _symmetric_noise(matrix, outcome_labels, error_rates)
-            matrix = None
+    error_rates = _error_rates(instance)
+    if likelihood is None and instance.max_flips is not None:
+        matrix, prior, class_index, hypothesis_ids = _expand_noisy_copies(
+            matrix, prior, class_index, hypothesis_ids, outcome_labels, test_ids,
+            instance.max_flips, error_rates, max_cells, max_bytes,
+        )
 
     # Store hypotheses grouped by class (stable within a class): each class is then a contiguous
     # block of rows, which is what makes the α(i, x) statistics one pass (Belief.outcome_stats).
@@ -224,9 +223,22 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
     if matrix is not None:
         matrix = matrix[order]
     if likelihood is not None:
-        # One copy, straight into the outcome-major layout.
+        # One copy, straight into the outcome-major layout (mode="clip": the indices are valid,
+        # and "raise" would buffer another copy).
         by_outcome = likelihood.transpose(0, 2, 1)
-        likelihood = np.take(by_outcome, order, axis=0, out=np.empty(by_outcome.shape)).transpose(0, 2, 1)
+        likelihood = np.take(by_outcome, order, axis=0, out=np.empty(by_outcome.shape), mode="clip")
+        likelihood = likelihood.transpose(0, 2, 1)
+    same_rows = None  # rows equal exactly when the hypotheses' likelihood rows are (noise only)
+    if matrix is not None and instance.max_flips is None and error_rates.any():
+        width = max(len(o) for o in outcome_labels)
+        _check_size(n, n_tests, width, 8, max_cells, max_bytes, "noise's likelihood tensor")
+        likelihood = _symmetric_noise(matrix, outcome_labels, error_rates)  # built in its final order
+        # Two noisy rows are equal exactly when their stated outcomes agree on every test whose
+        # noise leaves the outcome informative: compare those, not n·N·ℓ floats.
+        widths = np.array([len(o) for o in outcome_labels])
+        informative = (widths > 1) & (1.0 - error_rates != error_rates / np.maximum(widths - 1, 1))
+        same_rows = matrix[:, informative]
+        matrix = None
     outcomes = matrix.astype(smallest_uint_dtype(int(matrix.max(initial=0))), copy=False) if matrix is not None else None
     compiled = CompiledInstance(
         test_ids=test_ids,
@@ -239,7 +251,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
         outcomes=outcomes,
         likelihood=likelihood,
     )
-    object.__setattr__(compiled, "warnings", tuple(_warnings(compiled)))
+    object.__setattr__(compiled, "warnings", tuple(_warnings(compiled, same_rows)))
     return compiled
 
 
@@ -292,17 +304,18 @@ def _error_rates(instance: Instance) -> np.ndarray:
 
 
 def _symmetric_noise(matrix: np.ndarray, outcome_labels, error_rates: np.ndarray) -> np.ndarray:
-    """P(stated outcome) = 1−ε; the other ℓ−1 outcomes share ε equally."""
+    """P(stated outcome) = 1−ε; the other ℓ−1 outcomes share ε equally. Built outcome-major,
+    (n, ℓ, N), the layout compile_instance keeps; returned as the (n, N, ℓ) view."""
     n, n_tests = matrix.shape
     widths = np.array([len(o) for o in outcome_labels])
     width = int(widths.max())
     share = np.where(widths > 1, error_rates / np.maximum(widths - 1, 1), 0.0)
-    likelihood = np.zeros((n, n_tests, width))
-    valid = np.arange(width)[None, :] < widths[:, None]  # (N, ℓ)
-    likelihood[:] = np.where(valid, share[:, None], 0.0)[None]
+    by_outcome = np.empty((n, width, n_tests))
+    valid = np.arange(width)[:, None] < widths[None, :]  # (ℓ, N)
+    by_outcome[:] = np.where(valid, share[None, :], 0.0)[None]
     stated = np.where(widths > 1, 1.0 - error_rates, 1.0)
-    likelihood[np.arange(n)[:, None], np.arange(n_tests)[None, :], matrix] = stated[None, :]
-    return likelihood
+    by_outcome[np.arange(n)[:, None], matrix, np.arange(n_tests)[None, :]] = stated[None, :]
+    return by_outcome.transpose(0, 2, 1)
 
 
 def count_noisy_copies(widths: np.ndarray, max_flips: int, cap: int | None = None) -> int:
@@ -391,18 +404,22 @@ def _expand_noisy_copies(matrix, prior, class_index, hypothesis_ids, outcome_lab
             np.repeat(class_index, len(changes) + 1), tuple(names))
 
 
-def _warnings(inst: CompiledInstance) -> list[str]:
-    """Hypotheses of different classes that no test can tell apart (legal, but worth saying)."""
-    if inst.outcomes is not None:
-        rows = inst.outcomes
-    else:
-        rows = np.round(inst.likelihood.reshape(inst.n_hypotheses, -1), 12)
+def _warnings(inst: CompiledInstance, rows: np.ndarray | None = None) -> list[str]:
+    """Hypotheses of different classes that no test can tell apart (legal, but worth saying).
+    ``rows``: a smaller array whose rows are equal exactly when the hypotheses' are."""
+    if rows is None:
+        rows = inst.outcomes if inst.outcomes is not None else np.round(
+            inst.likelihood.reshape(inst.n_hypotheses, -1), 12)
     _, group = np.unique(rows, axis=0, return_inverse=True)
     group = group.reshape(-1)
     # Groups holding more than one class: sort by (group, class) and look for changes inside groups.
     order = np.lexsort((inst.class_index, group))
     g, c = group[order], inst.class_index[order]
     mixed = np.unique(g[1:][(g[1:] == g[:-1]) & (c[1:] != c[:-1])])
+    # In the order of each group's first hypothesis, whatever array the rows were compared in.
+    first = np.full(group.max(initial=0) + 1, inst.n_hypotheses)
+    np.minimum.at(first, group, np.arange(inst.n_hypotheses))
+    mixed = mixed[np.argsort(first[mixed], kind="stable")]
     messages = []
     for gid in mixed[:10]:
         members = np.flatnonzero(group == gid)
