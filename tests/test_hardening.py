@@ -315,6 +315,23 @@ def test_every_evaluation_and_tree_request_keeps_to_the_time_limit():
         assert "EVALUATION_TIME_LIMIT" in problem["detail"]
 
 
+def test_drawing_a_tree_counts_against_the_time_limit(monkeypatch):
+    import subprocess
+
+    from service.evaluation import trees
+
+    def graphviz_too_slow(*args, timeout, **kwargs):
+        assert timeout <= 1.0  # what is left of the request's limit, not a fresh 30 s
+        raise subprocess.TimeoutExpired("dot", timeout)
+
+    monkeypatch.setattr(trees.shutil, "which", lambda name: "/usr/bin/dot")
+    monkeypatch.setattr(trees.subprocess, "run", graphviz_too_slow)
+    client = create_app({"redis_url": None, "evaluation_time_limit": 1.0}).test_client()
+    iid = client.post("/v1/instances", json=TRIAGE).get_json()["instance_id"]
+    problem = assert_problem(client.get(f"/v1/instances/{iid}/tree?policy=ec2&format=svg"), 422, "evaluation-limit")
+    assert "EVALUATION_TIME_LIMIT" in problem["detail"]
+
+
 def test_the_optimum_past_the_deadline_is_a_note_and_the_policies_are_still_reported(monkeypatch):
     from service.evaluation import report as report_module
 

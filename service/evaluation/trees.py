@@ -64,6 +64,10 @@ class RenderFailed(RuntimeError):
     pass
 
 
+class RenderTimedOut(RenderFailed):
+    pass
+
+
 @dataclass(frozen=True)
 class TreeLimits:
     max_nodes: int = 2000
@@ -258,7 +262,7 @@ def render(dot_text: str, fmt: str = "svg", timeout: float = 30.0) -> bytes:
         done = subprocess.run([dot, f"-T{fmt}"], input=dot_text.encode("utf-8"), capture_output=True,
                               timeout=timeout, check=False)
     except subprocess.TimeoutExpired as error:
-        raise RenderFailed(f"Graphviz did not finish within {timeout:g} s") from error
+        raise RenderTimedOut(f"Graphviz did not finish within {timeout:g} s") from error
     if done.returncode != 0:
         raise RenderFailed(f"Graphviz failed: {done.stderr.decode('utf-8', 'replace').strip()[:500]}")
     return done.stdout
@@ -276,6 +280,7 @@ def export_tree(
     """The tree in one of :data:`FORMATS`, as bytes ready to write or send."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown tree format '{fmt}'; choose one of {', '.join(FORMATS)}")
+    started = time.monotonic()
     name = resolve_policy(inst, policy).name
     tree, used_rules, cut = build_tree(inst, name, rules, seed, limits, depth)
     document = tree_to_dict(inst, tree, name, used_rules, cut)
@@ -284,4 +289,15 @@ def export_tree(
     dot_text = tree_to_dot(document)
     if fmt == "dot":
         return dot_text.encode("utf-8")
-    return render(dot_text, fmt, limits.render_timeout)
+    if limits.time_limit is None:
+        return render(dot_text, fmt, limits.render_timeout)
+    # Drawing counts against the same limit as building.
+    left = min(limits.render_timeout, limits.time_limit - (time.monotonic() - started))
+    try:
+        if left <= 0:
+            raise RenderTimedOut("no time left to draw")
+        return render(dot_text, fmt, left)
+    except RenderTimedOut:
+        raise EvaluationLimitExceeded(
+            f"the policy tree would not be drawn within the {limits.time_limit:g} s limit "
+            "(EVALUATION_TIME_LIMIT); ask for format=json or dot, or use edgecut tree") from None
