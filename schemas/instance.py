@@ -36,8 +36,10 @@ LIKELIHOOD_TOLERANCE = 1e-6
 # with an absolute round-off near 1e-16 and a zero tolerance of 1e-12 (service/engine/select.py),
 # so a hypothesis this light would be invisible to every policy (docs/engine.md).
 MIN_PRIOR_SHARE = 1e-9
-# Costs below the smallest normal float make gain / cost overflow (1 / 1e-320 is inf).
+# Costs below the smallest normal float make gain / cost overflow (1 / 1e-320 is inf), and
+# costs summing past MAX_TOTAL_COST would overflow a sum of sampled run costs (evaluation).
 MIN_COST = sys.float_info.min
+MAX_TOTAL_COST = 1e300
 # Each rule reports at most this many problems: the first ones say enough, and a hostile body
 # must not make a megabyte of errors.
 MAX_PROBLEMS = 50
@@ -195,8 +197,9 @@ def _check_tests(inst: Instance) -> list[Problem]:
             problems.append((("tests", i, "error_rate"), "error_rate must be in [0, 1)"))
         if len(problems) > MAX_PROBLEMS:
             return problems
-    if not problems and not math.isfinite(_total(float(t.cost) for t in inst.tests)):
-        problems.append((("tests",), "the costs sum to more than the largest float; scale them down"))
+    if not problems and not _total(float(t.cost) for t in inst.tests) <= MAX_TOTAL_COST:
+        problems.append((("tests",), f"the costs sum to more than {MAX_TOTAL_COST:g}; scale them (and "
+                                     "max_cost) down"))
     return problems
 
 

@@ -168,9 +168,12 @@ def test_costs_whose_sum_overflows_are_refused():
     payload = {**TRIAGE, "tests": [{"id": "ecg", "cost": 1e308, "outcomes": ["normal", "abnormal"]},
                                    {"id": "troponin", "cost": 1e308}]}
     assert refused_paths(payload) == ["tests"]
+    # Past 1e300 in all, a sum of sampled run costs could overflow in an evaluation.
+    payload["tests"] = [{**payload["tests"][0], "cost": 9e299}, {"id": "troponin", "cost": 2e299}]
+    assert refused_paths(payload) == ["tests"]
 
 
-EXTREMES = [1e308, 1.7e308, 1e-300, 2.3e-308, 1e-9, 1.0, 3.0]
+EXTREMES = [1e308, 1.7e308, 5e299, 1e-300, 2.3e-308, 1e-9, 1.0, 3.0]
 
 
 @pytest.mark.parametrize("cost", EXTREMES)

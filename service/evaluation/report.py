@@ -203,7 +203,7 @@ def evaluate(
         else:
             note = "not computed"
         if opt is not None and opt > 0:
-            results = [_with_ratio(r, r.expected_cost / opt) for r in results]
+            results = [_with_ratio(r, _ratio(r.expected_cost, opt)) for r in results]
     else:
         note = "the exact optimum is defined for deterministic instances only"
 
@@ -239,7 +239,15 @@ def _check_deadline(deadline: float | None, limits: EvaluationLimits) -> None:
         )
 
 
-def _with_ratio(result: PolicyEvaluation, ratio: float) -> PolicyEvaluation:
+def _ratio(cost: float, optimum: float) -> float | None:
+    """cost / optimum, or None past the largest float: costs may span 600 orders of magnitude
+    (2e-308 … 1e300), and JSON has no infinity."""
+    with np.errstate(over="ignore"):
+        ratio = cost / optimum
+    return float(ratio) if math.isfinite(ratio) else None
+
+
+def _with_ratio(result: PolicyEvaluation, ratio: float | None) -> PolicyEvaluation:
     return replace(result, ratio_to_optimum=ratio)
 
 
