@@ -16,6 +16,8 @@ from types import SimpleNamespace
 import numpy as np
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from api_support import TRIAGE, assert_problem
@@ -202,6 +204,57 @@ def test_an_accepted_instance_is_usable_by_every_endpoint(prior, cost):
         # A refusal of the request itself (e.g. 409: the session already stopped) is fine.
         assert response.status_code < 500, (response.request.path, response.get_data(as_text=True)[:300])
         assert response.status_code == 200 or response.mimetype == "application/problem+json"
+
+
+EXTREME = st.sampled_from([0.0, 1.0, 0.5, 3.0, 1e-320, 5e-324, 2.3e-308, 1e-300, 1e-12, 1e-9, 1 - 1e-16,
+                           1e299, 1e300, 1.7e308])
+
+
+@st.composite
+def extreme_instances(draw):
+    n, n_tests, width = draw(st.integers(2, 4)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    body = {"tests": [{"id": f"t{j}", "outcomes": [f"o{k}" for k in range(width)], "cost": draw(EXTREME)}
+                      for j in range(n_tests)],
+            "classes": [f"c{draw(st.integers(0, 1))}" for _ in range(n)],
+            "priors": [draw(EXTREME) for _ in range(n)]}
+    kind = draw(st.sampled_from(["matrix", "likelihoods", "noise", "max_flips"]))
+    if kind == "likelihoods":
+        def row():
+            raw = [draw(EXTREME) for _ in range(width)]
+            total = math.fsum(raw) if all(x < 1e300 for x in raw) else 0.0
+            return [x / total for x in raw] if total > 0 else [1.0] + [0.0] * (width - 1)
+        body["likelihood_matrix"] = [[row() for _ in range(n_tests)] for _ in range(n)]
+        return body
+    body["matrix"] = [[draw(st.integers(0, width - 1)) for _ in range(n_tests)] for _ in range(n)]
+    if kind != "matrix":
+        body["noise"] = draw(st.sampled_from([0.0, 1e-320, 1e-12, 0.5, 0.999999999]))
+    if kind == "max_flips":
+        body["max_flips"] = draw(st.integers(0, n_tests))
+    return body
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(extreme_instances(), st.sampled_from([None, 5e-324, 0.3, 1e300]), st.sampled_from([None, 1e-300, 1.0]))
+def test_no_accepted_instance_fails_on_the_server_later(body, max_cost, confidence):
+    client = create_app({"redis_url": None, "evaluation_time_limit": 5.0}).test_client()
+    created = client.post("/v1/instances", json=body)
+    assert created.status_code in (201, 413, 422), created.get_data(as_text=True)
+    if created.status_code != 201:
+        return
+    iid = created.get_json()["instance_id"]
+    config = {"instance_id": iid, **({"max_cost": max_cost} if max_cost else {}),
+              **({"confidence": confidence} if confidence else {})}
+    session = client.post("/v1/sessions", json=config)
+    responses = [session, client.post("/v1/select", json={**config, "observations": [{"test": "t0", "outcome": "o0"}]}),
+                 client.post(f"/v1/instances/{iid}/evaluate", json={"samples": 20}),
+                 client.get(f"/v1/instances/{iid}/tree")]
+    if session.status_code == 201:
+        responses.append(client.post(f"/v1/sessions/{session.get_json()['session_id']}/observations",
+                                     json={"test": "t0", "outcome": "o0"}))
+    for response in responses:
+        assert response.status_code < 500, (response.request.path, response.get_data(as_text=True)[:300])
+        if response.status_code == 200 and response.mimetype == "application/json":
+            assert b"Infinity" not in response.data and b"NaN" not in response.data
 
 
 # --- linear checks, size limits first ----------------------------------------------------------
