@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Drive a running edgecut service over HTTP with simulated subjects (the paper's section 5).
 
-A copy-paste starting point for integrators. Standard library only (urllib). Steps:
+A copy-paste starting point for integrators, with edgecut's Python client (``from edgecut
+import Client``: retries, idempotent session creation, ETags). Steps:
 
-1. ``POST /v1/instances`` with the lottery instance (likelihood form, 2346 tests);
-2. ``POST /v1/sessions`` with ``policy: effecxtive`` and ``max_tests: 30`` (giving ``max_tests``
-   also turns off the engine's default 0.95-confidence stop, so every subject answers 30 tests);
-3. answer each ``next_test`` with ``POST /v1/sessions/{sid}/observations {test, outcome}`` until
-   ``done``, then print the ``class_posterior``.
+1. ``client.create_instance`` posts the lottery instance (likelihood form, 2346 tests);
+2. ``client.start_session`` with ``policy="effecxtive"`` and ``max_tests=30`` (giving
+   ``max_tests`` also turns off the engine's default 0.95-confidence stop, so every subject
+   answers 30 tests);
+3. ``client.observe`` answers each ``next_test`` until ``done``; then print the
+   ``class_posterior``.
 
 The simulated subject is one (theory, parameters) hypothesis answering with the paper's softmax,
 P(prefer lottery 1) = 1 / (1 + exp(U(L2) − U(L1))). A test id names its two lotteries as
@@ -22,30 +24,13 @@ Run the service (``edgecut serve``), then::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
-import urllib.error
-import urllib.request
 
+from edgecut import Client, EdgecutError
+from schemas.api import SessionState
 from service.examples import lotteries
-
-
-def call(base: str, method: str, path: str, body: dict | None = None) -> dict | None:
-    """One JSON request; raises SystemExit with the problem+json detail on an HTTP error."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json",
-                                              "Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            raw = response.read()
-            return json.loads(raw) if raw else None
-    except urllib.error.HTTPError as exc:
-        problem = exc.read().decode(errors="replace")
-        hint = " (raise the service's MAX_BODY_BYTES)" if exc.code == 413 else ""
-        raise SystemExit(f"{method} {path} -> {exc.code}{hint}: {problem}") from None
 
 
 def answer(subject: lotteries.Hypothesis, test_id: str, rng: random.Random) -> str:
@@ -56,16 +41,13 @@ def answer(subject: lotteries.Hypothesis, test_id: str, rng: random.Random) -> s
     return "1" if rng.random() < p_first else "2"
 
 
-def run_subject(base: str, instance_id: str, subject: lotteries.Hypothesis, tests: int,
-                rng: random.Random) -> dict:
-    state = call(base, "POST", "/v1/sessions",
-                 {"instance_id": instance_id, "policy": "effecxtive", "max_tests": tests})
-    session = state["session_id"]
-    while not state["done"]:
-        test = state["next_test"]["id"]
-        state = call(base, "POST", f"/v1/sessions/{session}/observations",
-                     {"test": test, "outcome": answer(subject, test, rng)})
-    call(base, "DELETE", f"/v1/sessions/{session}")
+def run_subject(client: Client, instance_id: str, subject: lotteries.Hypothesis, tests: int,
+                rng: random.Random) -> SessionState:
+    state = client.start_session(instance_id, policy="effecxtive", max_tests=tests)
+    while not state.done:
+        test = state.next_test.id
+        state = client.observe(state.session_id, test, answer(subject, test, rng))
+    client.delete_session(state.session_id)
     return state
 
 
@@ -78,11 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    base = args.url.rstrip("/")
+    with Client(args.url, timeout=60) as client:
+        try:
+            return run_study(client, args)
+        except EdgecutError as error:
+            hint = " (raise the service's MAX_BODY_BYTES)" if error.status == 413 else ""
+            raise SystemExit(f"{error}{hint}") from None
 
-    created = call(base, "POST", "/v1/instances", lotteries.wire_instance(args.study))
-    print(f"instance {created['instance_id'][:12]}…: {created['n_hypotheses']} hypotheses, "
-          f"{created['n_tests']} tests, {created['n_classes']} classes")
+
+def run_study(client: Client, args: argparse.Namespace) -> int:
+    instance_id = client.create_instance(lotteries.wire_instance(args.study))
+    created = client.get_instance(instance_id)
+    print(f"instance {instance_id[:12]}…: {created.n_hypotheses} hypotheses, "
+          f"{created.n_tests} tests, {created.n_classes} classes")
 
     rng = random.Random(args.seed)
     hypotheses = lotteries.hypotheses(args.study)
@@ -91,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         # As in the paper: a theory uniformly, then its parameters uniformly.
         theory = rng.choice(lotteries.THEORIES)
         subject = rng.choice([h for h in hypotheses if h.theory == theory])
-        state = run_subject(base, created["instance_id"], subject, args.tests, rng)
-        posterior = ", ".join(f"{c} {p:.3f}" for c, p in state["class_posterior"].items())
-        correct += state["map_class"] == subject.theory
-        print(f"subject {k + 1}: true {subject.id}; after {state['step']} tests "
-              f"({state['stop_reason']}) MAP {state['map_class']}; posterior {posterior}")
+        state = run_subject(client, instance_id, subject, args.tests, rng)
+        posterior = ", ".join(f"{c} {p:.3f}" for c, p in state.class_posterior.items())
+        correct += state.map_class == subject.theory
+        print(f"subject {k + 1}: true {subject.id}; after {state.step} tests "
+              f"({state.stop_reason}) MAP {state.map_class}; posterior {posterior}")
     print(f"{correct}/{args.subjects} subjects classified correctly")
     return 0
 

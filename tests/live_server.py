@@ -1,6 +1,7 @@
-"""A real gunicorn serving the app on a free loopback port, for the fault tests, the live
-schemathesis run and bench/load.py. Flags are given explicitly (gthread workers, as production)
-so a run depends only on the app and the environment it is handed."""
+"""Live servers on free loopback ports. :class:`LiveServer`: a real gunicorn serving the app, for
+the fault tests, the live schemathesis run, the client's tests and bench/load.py; flags are given
+explicitly (gthread workers, as production) so a run depends only on the app and the environment
+it is handed. :class:`EdgecutServe`: the ``edgecut serve`` command itself, as a user starts it."""
 
 from __future__ import annotations
 
@@ -77,3 +78,48 @@ class LiveServer:
             self.process.kill()
             self.process.wait(timeout=10)
         self.process = None
+
+
+class EdgecutServe:
+    """``edgecut serve --port <free port> *args`` with ``env`` added to the environment; its
+    output goes to a file (a pipe nobody reads would fill and stall the server), read by
+    :meth:`stop` into ``log``."""
+
+    def __init__(self, env: dict[str, str], *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = ""
+        self._log_file = tempfile.TemporaryFile(mode="w+", prefix="edgecut-serve-")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port), *args],
+            cwd=REPO, env={**os.environ, **env, "PYTHONPATH": str(REPO)}, stdout=self._log_file,
+            stderr=subprocess.STDOUT, text=True)
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self._log_file.seek(0)
+                raise AssertionError(f"server exited: {self._log_file.read()}")
+            try:
+                if requests.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                # Not listening yet, or a worker still importing numpy on a loaded machine.
+                time.sleep(0.1)
+        self.stop()
+        raise AssertionError(f"server did not become ready:\n{self.log[-2000:]}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=30)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self._log_file.seek(0)
+        self.log = self._log_file.read()
+        self._log_file.close()
+        return code

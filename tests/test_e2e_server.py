@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -17,49 +15,16 @@ import redis
 import requests
 
 from api_support import QUAD
-from conftest import free_port
+from live_server import EdgecutServe
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-class Server:
-    def __init__(self, env: dict[str, str], *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = ""
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port), *args],
-            cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"server exited: {self.process.stdout.read()}")
-            try:
-                if requests.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            except requests.RequestException:
-                # Not listening yet, or a worker still importing numpy on a loaded machine.
-                time.sleep(0.1)
-        raise AssertionError("server did not become ready")
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            code = self.process.wait(timeout=30)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-        self.log = self.process.stdout.read()
-        return code
-
-
 @pytest.fixture
 def redis_server_app(redis_server):
     prefix = f"e2e-{uuid.uuid4().hex[:8]}"
-    server = Server({"REDIS_URL": redis_server.url, "KEY_PREFIX": prefix, "LOG_LEVEL": "warning"}, "--workers", "2")
+    server = EdgecutServe({"REDIS_URL": redis_server.url, "KEY_PREFIX": prefix, "LOG_LEVEL": "warning"}, "--workers", "2")
     try:
         server.wait_ready()
         yield server, prefix
@@ -125,7 +90,7 @@ def test_graceful_stop(redis_server_app):
 
 
 def test_the_embedded_store_runs_exactly_one_worker():
-    server = Server({"REDIS_URL": "", "LOG_LEVEL": "info"}, "--workers", "3")
+    server = EdgecutServe({"REDIS_URL": "", "LOG_LEVEL": "info"}, "--workers", "3")
     try:
         server.wait_ready()
         sid = requests.post(server.url + "/v1/sessions", json={"instance": QUAD}, timeout=5).json()["session_id"]

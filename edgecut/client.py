@@ -1,0 +1,308 @@
+"""A Python client for the edgecut HTTP API (docs/client.md).
+
+Every call the API offers is safe to repeat — instances are stored under their content hash,
+observations are facts keyed by test (a replay is a no-op, even under a stale ``If-Match``:
+RFC 9110 §13.1.1), session creation carries an ``Idempotency-Key``, select and evaluate store
+nothing — so the client retries any call after a connection error, and after 429/502/503/504
+(waiting as long as ``Retry-After`` says) or 409 ``concurrent-update``. A read timeout is not
+retried: the server may still be working, and a second request would only add to its load.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import random
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from datetime import timezone
+from typing import Any, TypeVar
+
+import requests
+from pydantic import BaseModel
+
+from schemas.api import InstanceSummary, SessionState, StepState
+
+PROBLEM_TYPE_PREFIX = "urn:edgecut:problem:"
+RETRIED_STATUSES = frozenset({429, 502, 503, 504})
+RETRIED_CODES = frozenset({"concurrent-update"})
+# Sessions whose ETag the client remembers (least recently used forgotten first).
+TRACKED_SESSIONS = 10_000
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class EdgecutError(Exception):
+    """Everything the client raises: an RFC 9457 problem answered by the service (``status``,
+    ``code``, ``title``, ``detail``, ``errors``), or a request that never got an answer
+    (``status`` None, the transport error as ``__cause__``). ``request_id`` is the id the
+    service logged the request under: quote it when asking for support."""
+
+    def __init__(self, detail: str, *, status: int | None = None, type: str | None = None,
+                 title: str | None = None, errors: list[dict[str, str]] | None = None,
+                 request_id: str | None = None, retry_after: float | None = None):
+        super().__init__(detail)
+        self.status = status
+        self.type = type
+        self.title = title
+        self.detail = detail
+        self.errors = errors or []
+        self.request_id = request_id
+        self.retry_after = retry_after
+
+    @property
+    def code(self) -> str | None:
+        """The problem type's short name, e.g. ``session-done`` for ``urn:edgecut:problem:session-done``."""
+        if self.type is None:
+            return None
+        return self.type.removeprefix(PROBLEM_TYPE_PREFIX)
+
+    def __str__(self) -> str:
+        where = f" (request id {self.request_id})" if self.request_id else ""
+        if self.status is None:
+            return f"{self.detail}{where}"
+        lines = [f"{self.status} {self.code or self.title or 'error'}: {self.detail}{where}"]
+        lines += [f"  {error.get('path', '')}: {error.get('message', '')}" for error in self.errors]
+        return "\n".join(lines)
+
+    @classmethod
+    def from_response(cls, response: requests.Response) -> EdgecutError:
+        body: Any = None
+        try:
+            body = response.json()
+        except ValueError:
+            pass
+        if not isinstance(body, dict):
+            # Not the service's problem+json (a proxy's HTML page, say): keep a short excerpt.
+            text = response.text.strip()
+            body = {"detail": text[:200] or response.reason or "no detail"}
+        errors = body.get("errors")
+        return cls(
+            str(body.get("detail") or body.get("title") or response.reason or "error"),
+            status=response.status_code,
+            type=body.get("type"),
+            title=body.get("title"),
+            errors=errors if isinstance(errors, list) else None,
+            request_id=response.headers.get("X-Request-ID") or body.get("request_id"),
+            retry_after=retry_after_seconds(response.headers.get("Retry-After")),
+        )
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """``Retry-After`` in seconds: delta-seconds or an HTTP-date (RFC 9110 §10.2.3)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    now = time.time() if now is None else now
+    return max(0.0, when.timestamp() - now)
+
+
+class Client:
+    """``Client("http://127.0.0.1:8000", api_key=None, timeout=30.0)``.
+
+    ``retries``: further attempts after the first; ``backoff``: the first wait in seconds,
+    doubled at each attempt (with jitter) up to ``max_backoff``; a ``Retry-After`` longer than
+    ``max_retry_after`` is not waited for (the error is raised with ``retry_after`` set).
+    States come back as the wire models of :mod:`schemas.api` (fields the client does not know,
+    from a newer service, are ignored)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 30.0, *,
+                 retries: int = 4, backoff: float = 0.2, max_backoff: float = 5.0,
+                 max_retry_after: float = 30.0, http: requests.Session | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_retry_after = max_retry_after
+        self._http = http or requests.Session()
+        self._http.headers.update({"Accept": "application/json"})
+        if api_key is not None:
+            self._http.headers["Authorization"] = f"Bearer {api_key}"
+        self._etags: OrderedDict[str, str] = OrderedDict()
+
+    # --- instances --------------------------------------------------------------------------
+
+    def create_instance(self, payload: Mapping[str, Any] | BaseModel) -> str:
+        """Post an instance (a dict in the wire form, or a :class:`schemas.instance.Instance`);
+        returns its id (the sha256 of its compiled content, so posting it again is harmless)."""
+        response = self._request("POST", "/v1/instances", body=_wire(payload))
+        return response.json()["instance_id"]
+
+    def get_instance(self, instance_id: str) -> InstanceSummary:
+        return _parse(InstanceSummary, self._request("GET", f"/v1/instances/{instance_id}"))
+
+    def evaluate(self, instance_id: str, **options: Any) -> dict[str, Any]:
+        """``POST /v1/instances/{id}/evaluate`` with ``policies``, ``max_tests``, ``samples``, …;
+        the report as a dict (docs/evaluation.md)."""
+        return self._request("POST", f"/v1/instances/{instance_id}/evaluate", body=_options(options)).json()
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    def start_session(self, instance_id: str, *, explain: bool = False, idempotency_key: str | None = None,
+                      **options: Any) -> SessionState:
+        """``options``: ``policy``, ``max_tests``, ``max_cost``, ``confidence``, ``seed`` (None
+        leaves the service's default). One ``Idempotency-Key`` (a fresh one unless given) covers
+        every retry, so a lost answer never makes a second session."""
+        key = idempotency_key or f"edgecut-client-{uuid.uuid4().hex}"
+        response = self._request("POST", "/v1/sessions", body={"instance_id": instance_id, **_options(options)},
+                                 headers={"Idempotency-Key": key}, params=_explain(explain))
+        return self._session_state(response)
+
+    def get_session(self, session_id: str, *, explain: bool = False) -> SessionState:
+        return self._session_state(self._request("GET", f"/v1/sessions/{session_id}", params=_explain(explain)))
+
+    def observe(self, session_id: str, test: str, outcome: str, *, if_match: bool | str = True,
+                explain: bool = False) -> SessionState:
+        """Record one observation. ``if_match``: True sends the session's last seen ETag (412
+        ``precondition-failed`` then means someone else changed the session: read it again),
+        False sends none, a string sends that tag."""
+        return self.observe_many(session_id, [{"test": test, "outcome": outcome}], if_match=if_match,
+                                 explain=explain)
+
+    def observe_many(self, session_id: str, observations: Iterable[tuple[str, str] | Mapping[str, Any]], *,
+                     if_match: bool | str = True, explain: bool = False) -> SessionState:
+        """Record several observations in order, all or nothing: ``(test, outcome)`` pairs or
+        dicts in the wire form."""
+        items = [dict(o) if isinstance(o, Mapping) else {"test": o[0], "outcome": o[1]} for o in observations]
+        body: dict[str, Any] = items[0] if len(items) == 1 else {"observations": items}
+        response = self._request("POST", f"/v1/sessions/{session_id}/observations", body=body,
+                                 headers=self._if_match(session_id, if_match), params=_explain(explain))
+        return self._session_state(response)
+
+    def delete_session(self, session_id: str, *, if_match: bool | str = False) -> None:
+        """Delete a session. A retry that finds it already gone (an earlier attempt deleted it
+        but its answer was lost) counts as done."""
+        self._request("DELETE", f"/v1/sessions/{session_id}", headers=self._if_match(session_id, if_match),
+                      gone_after_retry_is_done=True)
+        self._etags.pop(session_id, None)
+
+    def etag(self, session_id: str) -> str | None:
+        """The ETag of the last state of this session the client saw (``None`` if none)."""
+        return self._etags.get(session_id)
+
+    # --- stateless --------------------------------------------------------------------------
+
+    def select(self, instance_id: str | None = None, observations: Iterable[tuple[str, str] | Mapping[str, Any]] = (),
+               *, instance: Mapping[str, Any] | BaseModel | None = None, explain: bool = False,
+               **options: Any) -> StepState:
+        """``POST /v1/select``: the next step for observations the caller keeps itself (by
+        ``instance_id``, or an inline ``instance``); nothing is stored."""
+        body: dict[str, Any] = {"instance_id": instance_id} if instance is None else {"instance": _wire(instance)}
+        body["observations"] = [dict(o) if isinstance(o, Mapping) else {"test": o[0], "outcome": o[1]}
+                                for o in observations]
+        body.update(_options(options))
+        return _parse(StepState, self._request("POST", "/v1/select", body=body, params=_explain(explain)))
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _if_match(self, session_id: str, if_match: bool | str) -> dict[str, str]:
+        if isinstance(if_match, str):
+            return {"If-Match": if_match}
+        tag = self._etags.get(session_id) if if_match else None
+        return {"If-Match": tag} if tag else {}
+
+    def _session_state(self, response: requests.Response) -> SessionState:
+        state = _parse(SessionState, response)
+        tag = response.headers.get("ETag")
+        if tag:
+            self._etags[state.session_id] = tag
+            self._etags.move_to_end(state.session_id)
+            while len(self._etags) > TRACKED_SESSIONS:
+                self._etags.popitem(last=False)
+        return state
+
+    def _request(self, method: str, path: str, *, body: Any = None, headers: Mapping[str, str] | None = None,
+                 params: Mapping[str, str] | None = None, gone_after_retry_is_done: bool = False) -> requests.Response:
+        # One request id for every attempt, so the service's logs tie the retries together.
+        sent = {"X-Request-ID": uuid.uuid4().hex, **(headers or {})}
+        data = None
+        if body is not None:
+            data = json.dumps(body, allow_nan=False).encode()
+            sent["Content-Type"] = "application/json"
+        lost_answer = False
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self._http.request(method, self.base_url + path, data=data, headers=sent, params=params,
+                                              timeout=self.timeout)
+            except requests.Timeout as error:
+                if isinstance(error, requests.ConnectTimeout) and not last:
+                    self._sleep(self._backoff(attempt))
+                    continue
+                raise EdgecutError(f"{method} {path}: no answer within {self.timeout} s",
+                                   request_id=sent["X-Request-ID"]) from error
+            except requests.ConnectionError as error:
+                if last:
+                    raise EdgecutError(f"{method} {path}: cannot reach {self.base_url} "
+                                       f"after {attempt + 1} attempts: {error}", request_id=sent["X-Request-ID"]) from error
+                lost_answer = True  # the service may have acted on it
+                self._sleep(self._backoff(attempt))
+                continue
+            if response.status_code < 400:
+                return response
+            problem = EdgecutError.from_response(response)
+            if gone_after_retry_is_done and lost_answer and response.status_code == 404:
+                return response
+            wait = self._wait_before_retry(problem, attempt)
+            if wait is None or last:
+                raise problem
+            self._sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _wait_before_retry(self, problem: EdgecutError, attempt: int) -> float | None:
+        if problem.status not in RETRIED_STATUSES and problem.code not in RETRIED_CODES:
+            return None
+        if problem.retry_after is None:
+            return self._backoff(attempt)
+        if problem.retry_after > self.max_retry_after:
+            return None
+        return problem.retry_after
+
+    def _backoff(self, attempt: int) -> float:
+        # Jitter spreads the retries of many clients that failed at the same moment.
+        return min(self.max_backoff, self.backoff * 2**attempt) * random.uniform(0.5, 1.0)
+
+    @staticmethod
+    def _sleep(seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def _wire(payload: Mapping[str, Any] | BaseModel) -> Any:
+    if isinstance(payload, BaseModel):
+        return payload.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return payload
+
+
+def _options(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def _explain(explain: bool) -> dict[str, str] | None:
+    return {"explain": "true"} if explain else None
+
+
+def _parse(model: type[Model], response: requests.Response) -> Model:
+    return model.model_validate(response.json(), extra="ignore")
+
+
+__all__ = ["Client", "EdgecutError", "retry_after_seconds"]
