@@ -9,6 +9,9 @@ WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY schemas ./schemas
 COPY service ./service
+COPY edgecut ./edgecut
+# service/ui/examples links to these; the wheel gets copies.
+COPY examples ./examples
 RUN pip install --no-cache-dir --upgrade pip \
  && pip wheel --no-cache-dir -c constraints.txt --wheel-dir /wheels .
 

@@ -17,6 +17,7 @@ from .api import evaluation, health, instances, observability, security, select,
 from .api.context import EXTENSION, Services
 from .api.encoding import OrjsonProvider
 from .api.problems import register_problems
+from . import ui
 
 
 def create_app(config: Settings | dict[str, Any] | None = None, *, store: SessionStore | None = None) -> Flask:
@@ -41,4 +42,5 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
     security.install(app, settings)  # API keys, rate limits, CORS
     for blueprint in (instances.bp, sessions.bp, select.bp, health.bp, evaluation.bp):
         app.register_blueprint(blueprint)
+    ui.install(app)  # /ui and /docs, from package files
     return app

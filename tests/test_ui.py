@@ -1,0 +1,278 @@
+"""The pages: ``/ui`` (run a session by hand) and ``/docs`` (Swagger UI), driven in a real headless
+Chromium (Debian's ``chromium``; .ci/run installs it) by Playwright against ``edgecut serve``.
+Without Chromium the browser tests skip with the reason. Every request the browser makes is
+checked to stay on the service: the pages must work on a machine with no network.
+
+Screenshots go to ``$EDGECUT_SCREENSHOT_DIR`` (``docs`` refreshes the README's) or the test's
+temporary directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import requests
+import yaml
+
+from live_server import EdgecutServe
+
+ROOT = Path(__file__).resolve().parent.parent
+TRIAGE = json.loads((ROOT / "examples" / "triage" / "instance.json").read_text())
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+API_KEY = "ui-test-key-0123456789abcdef"
+
+browser_needed = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium; .ci/run does)")
+
+
+def acceptable_results(hypothesis: dict) -> set[str]:
+    """What a session may end on when this hypothesis is the truth, from the wire form: its
+    class, or on a decision instance the decisions it accepts (or those of least loss)."""
+    if "acceptable" in hypothesis:
+        return set(hypothesis["acceptable"])
+    if "loss" in hypothesis:
+        least = min(hypothesis["loss"].values())
+        return {d for d, loss in hypothesis["loss"].items() if loss == least}
+    return {hypothesis.get("class", hypothesis["id"])}
+
+
+def walk_tree(tree: dict, history: list[dict]) -> str:
+    """The id of the policy-tree node a session with this history is at."""
+    node = tree["root"]
+    for entry in history:
+        assert node.get("test") == entry["test"], "the session left the policy's tree"
+        node = next(b["node"] for b in node["branches"] if b["outcome"] == entry["outcome"])
+    return node["id"]
+
+
+@pytest.fixture(scope="module")
+def served():
+    server = EdgecutServe({"REDIS_URL": "", "LOG_LEVEL": "warning"})
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start.
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def open_page(browser, served):
+    """A fresh browser context per test; every request it makes must go to the service."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    outside: list[str] = []
+    problems: list[str] = []
+
+    def only_the_service(route):
+        host = urlparse(route.request.url).hostname
+        if route.request.url.startswith("data:") or host == "127.0.0.1":
+            return route.continue_()
+        outside.append(route.request.url)
+        return route.abort()
+
+    context.route("**/*", only_the_service)
+    page = context.new_page()
+    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    yield page
+    context.close()
+    assert outside == [], f"the page tried to reach the network: {outside}"
+    # The browser logs every 4xx as "Failed to load resource"; the tests look for those on the page.
+    assert [p for p in problems if not p.startswith("Failed to load resource")] == [], problems
+
+
+def screenshot_dir(tmp_path: Path) -> Path:
+    return Path(os.environ.get("EDGECUT_SCREENSHOT_DIR") or tmp_path)
+
+
+def answer_until_stopped(page, answers: dict[str, str], on_first_step=None) -> None:
+    for step in range(len(answers) + 1):
+        page.wait_for_selector("#next:not([hidden]), #stop-banner:not([hidden])")
+        if page.is_visible("#stop-banner"):
+            return
+        if step == 0 and on_first_step is not None:
+            on_first_step()
+        test = page.text_content("#next-test")
+        answered = page.locator("#history li").count()
+        page.click(f'#outcomes button[data-outcome="{answers[test]}"]')
+        page.wait_for_function("n => document.querySelectorAll('#history li').length > n", arg=answered)
+    raise AssertionError("the session never stopped")
+
+
+@browser_needed
+@pytest.mark.parametrize("truth", ["appendicitis", "migraine"])
+def test_a_triage_session_by_hand(open_page, served, tmp_path, truth):
+    page = open_page
+    hypothesis = next(h for h in TRIAGE["hypotheses"] if h["id"] == truth)
+    page.goto(served.url + "/ui")
+    assert page.locator("#example option:checked").inner_text().startswith("Triage")
+    page.get_by_role("button", name="Use example").click()
+
+    def why_this_test():
+        # The first candidate is the test asked; each has a score and a cost.
+        page.wait_for_selector("#why:not([hidden]) #candidates tr")
+        rows = page.locator("#candidates tr")
+        assert rows.first.locator("td").first.inner_text() == page.text_content("#next-test")
+        assert "chosen" in (rows.first.get_attribute("class") or "")
+        if truth == "appendicitis":
+            page.wait_for_selector("#tree g.node.current")
+            page.screenshot(path=str(screenshot_dir(tmp_path) / "ui-question.png"))
+
+    answer_until_stopped(page, hypothesis["outcomes"], why_this_test)
+
+    banner = page.locator("#stop-banner")
+    assert banner.is_visible()
+    text = banner.inner_text()
+    assert text.startswith("Session stopped:") and "determined" in text
+    assert "the class is settled" in text
+    result = text.split("Result: ")[1].split(" (")[0].split(" ", 1)[1]  # "class emergency" → emergency
+    assert result in acceptable_results(hypothesis)
+    top = page.locator("#posterior .bar-row.top")
+    assert top.get_attribute("data-label") == result and top.locator(".bar-value").inner_text() == "100.0%"
+    assert not page.is_visible("#next")
+
+    # The page shows what the API holds, and the highlighted node is where that history leads.
+    session_id = page.text_content("#session-id")
+    state = requests.get(f"{served.url}/v1/sessions/{session_id}", timeout=5).json()
+    assert state["done"] and [f"{h['test']}: {h['outcome']}" for h in state["history"]] == \
+        [li.split(" cost")[0] for li in page.locator("#history li").all_inner_texts()]
+    if shutil.which("dot") is not None:
+        page.wait_for_selector("#tree g.node.current")
+        # Posting the instance again is harmless (stored under its content hash) and names it.
+        instance_id = requests.post(f"{served.url}/v1/instances", json=TRIAGE, timeout=5).json()["instance_id"]
+        tree = requests.get(f"{served.url}/v1/instances/{instance_id}/tree", params={"policy": state["policy"]},
+                            timeout=10).json()
+        current = page.locator("#tree g.node.current title").text_content()
+        assert current == walk_tree(tree, state["history"])
+    if truth == "appendicitis":
+        page.screenshot(path=str(screenshot_dir(tmp_path) / "ui.png"), full_page=True)
+
+
+@browser_needed
+def test_the_api_key_is_asked_for_and_kept_for_the_tab_only(browser, tmp_path):
+    server = EdgecutServe({"REDIS_URL": "", "LOG_LEVEL": "warning", "API_KEYS": f"clinic:{API_KEY}"})
+    server.wait_ready()
+    try:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(server.url + "/ui")
+        page.get_by_role("button", name="Use example").click()
+        error = page.locator("#error")
+        error.wait_for(state="visible")
+        assert "401" in error.inner_text() and "API key" in error.inner_text()
+        page.fill("#api-key", API_KEY)
+        page.dispatch_event("#api-key", "change")
+        page.get_by_role("button", name="Use example").click()
+        page.wait_for_selector("#next:not([hidden])")
+        assert not error.is_visible()
+        assert page.evaluate("sessionStorage.getItem('edgecut.apiKey')") == API_KEY
+        assert page.evaluate("localStorage.length") == 0 and "clinic" not in page.evaluate("document.cookie")
+        # A new tab (a new session storage) starts without the key.
+        other = context.new_page()
+        other.goto(server.url + "/ui")
+        assert other.input_value("#api-key") == ""
+        context.close()
+    finally:
+        server.stop()
+
+
+@browser_needed
+def test_pasted_json_is_posted_and_its_problems_shown(open_page, served):
+    page = open_page
+    page.goto(served.url + "/ui")
+    broken = {"tests": [{"id": "a", "cost": -1}], "hypotheses": [{"id": "h", "outcomes": {"a": "x"}}]}
+    page.fill("#instance-json", json.dumps(broken))
+    page.get_by_role("button", name="Post instance").click()
+    page.locator("#error").wait_for(state="visible")
+    assert "422" in page.text_content("#error-title") and "tests[0].cost" in page.text_content("#error-list")
+    small = {"tests": [{"id": "q", "outcomes": ["no", "yes"]}],
+             "hypotheses": [{"id": "h1", "class": "A", "outcomes": {"q": "no"}},
+                            {"id": "h2", "class": "B", "outcomes": {"q": "yes"}}]}
+    page.fill("#instance-json", json.dumps(small))
+    page.get_by_role("button", name="Post instance").click()
+    page.wait_for_selector("#next:not([hidden])")
+    assert not page.is_visible("#error")
+    page.click('#outcomes button[data-outcome="yes"]')
+    page.wait_for_selector("#stop-banner:not([hidden])")
+    assert "Result: class B" in page.text_content("#stop-banner")
+
+
+@browser_needed
+def test_docs_render_every_operation_offline(open_page, served):
+    page = open_page
+    page.goto(served.url + "/docs/")
+    page.wait_for_selector(".opblock")
+    spec = yaml.safe_load(requests.get(served.url + "/openapi.yaml", timeout=5).text)
+    operations = {(method.upper(), path) for path, item in spec["paths"].items() for method in item
+                  if method in ("get", "post", "put", "delete", "patch")}
+    shown = {(block.locator(".opblock-summary-method").inner_text().strip(),
+              block.locator(".opblock-summary-path").get_attribute("data-path"))
+             for block in page.locator(".opblock").all()}
+    assert shown == operations
+    assert page.locator(".info .title").inner_text().startswith(spec["info"]["title"])
+
+
+# --- without a browser --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def web(tmp_path):
+    from service.app import create_app
+
+    return create_app({"redis_url": None}).test_client()
+
+
+def test_every_shipped_example_is_a_valid_instance(web):
+    from schemas.instance import Instance
+    from service import ui
+
+    assert "triage" in ui.examples()
+    for name in ui.examples():
+        response = web.get(f"/ui/examples/{name}.json")
+        assert response.status_code == 200
+        assert response.get_json() == json.loads((ROOT / "examples" / name / "instance.json").read_text())
+        Instance.model_validate(response.get_json())
+    for bad in ("nope", "..%2fpyproject", "TRIAGE"):
+        assert web.get(f"/ui/examples/{bad}.json").status_code == 404
+
+
+def test_the_page_and_the_docs_are_served_from_the_package(web):
+    page = web.get("/ui")
+    assert page.status_code == 200 and "text/html" in page.content_type
+    assert web.get("/ui/").status_code == 200 and web.get("/docs").status_code == 308
+    html = page.get_data(as_text=True)
+    assert "https://" not in html.replace("http://www.w3.org", "") and "//cdn" not in html
+    for asset in ("/ui/static/ui.js", "/ui/static/ui.css", "/docs/swagger-ui-bundle.js", "/docs/swagger-ui.css"):
+        assert web.get(asset).status_code == 200, asset
+    docs = web.get("/docs/").get_data(as_text=True)
+    assert '"url": "/openapi.yaml"' in docs and '"validatorUrl": null' in docs
+
+
+def test_buttons_follow_what_the_served_contract_offers(monkeypatch):
+    from service import ui
+
+    spec = yaml.safe_load((ROOT / "service" / "openapi.yaml").read_text())
+    ui.features.cache_clear()
+    try:
+        assert ui.features() == {"skip": False, "corrections": False}
+        # The same contract with skip and corrections, as another version of the API offers them.
+        spec["components"]["schemas"]["ObservationIn"]["properties"]["skip"] = {"type": "boolean"}
+        spec["paths"]["/v1/sessions/{session_id}/observations/{test}"] = {"put": {}, "delete": {}}
+        monkeypatch.setattr("service.api.health.openapi_text", lambda: yaml.safe_dump(spec).encode())
+        ui.features.cache_clear()
+        assert ui.features() == {"skip": True, "corrections": True}
+    finally:
+        ui.features.cache_clear()
