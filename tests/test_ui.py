@@ -276,3 +276,63 @@ def test_buttons_follow_what_the_served_contract_offers(monkeypatch):
         assert ui.features() == {"skip": True, "corrections": True}
     finally:
         ui.features.cache_clear()
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """The app served from a thread of the test process, so the test can change what it says it
+    offers (the contract of a later API version) without another process."""
+    import threading
+
+    from werkzeug.serving import make_server
+
+    from service import ui
+    from service.app import create_app
+
+    monkeypatch.setattr(ui, "features", lambda: {"skip": True, "corrections": True})
+    server = make_server("127.0.0.1", 0, create_app({"redis_url": None}), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join(timeout=5)
+
+
+@browser_needed
+def test_skip_undo_and_decision_states_where_the_api_offers_them(browser, in_process):
+    """With skip and corrections in the contract the page shows their buttons and sends the
+    documented requests (answered here by the test, as the API that has them would), and it
+    shows a decision posterior when a state carries one."""
+    context = browser.new_context()
+    page = context.new_page()
+    sent: list[tuple[str, str, object, str | None]] = []
+
+    def answer_as_a_later_api(route):
+        request = route.request
+        sent.append((request.method, urlparse(request.url).path, request.post_data_json, request.headers.get("if-match")))
+        state = requests.get(in_process + urlparse(request.url).path.split("/observations")[0], timeout=5).json()
+        if request.method == "POST":
+            state["history"] = [{"test": request.post_data_json["test"], "skipped": True, "cost": 0.0}]
+            state.update(step=1, done=True, stop_reason="decided", next_test=None, candidates=None,
+                         decision={"id": "urgent-care", "probability": 1.0},
+                         decision_posterior={"urgent-care": 1.0, "emergency": 0.25})
+        route.fulfill(status=200, json=state, headers={"ETag": '"2"' if request.method == "POST" else '"3"'})
+
+    page.route("**/observations**", answer_as_a_later_api)
+    page.goto(in_process + "/ui")
+    page.get_by_role("button", name="Use example").click()
+    page.wait_for_selector("#next:not([hidden])")
+    first = page.text_content("#next-test")
+    page.get_by_role("button", name="Skip").click()
+    page.wait_for_selector("#stop-banner:not([hidden])")
+    assert sent[0][0] == "POST" and sent[0][2] == {"test": first, "skip": True} and sent[0][3] == '"1"'
+    assert page.locator("#history li").first.inner_text().startswith(f"{first}: skipped")
+    assert page.text_content("#posterior-title").startswith("Decision posterior")
+    assert page.locator("#posterior .bar-row.top").get_attribute("data-label") == "urgent-care"
+    assert "Result: decision urgent-care" in page.text_content("#stop-banner")
+    assert "a decision is settled" in page.text_content("#stop-banner")
+    page.get_by_role("button", name="Undo").click()
+    page.wait_for_selector("#next:not([hidden])")
+    assert sent[1][:2] == ("DELETE", f"/v1/sessions/{page.text_content('#session-id')}/observations/{first}")
+    assert sent[1][3] == '"2"'
+    context.close()
