@@ -102,8 +102,8 @@ def test_errors_carry_the_problem_and_the_request_id(client):
     body = answered[-1].json()
     assert (error.status, error.code, error.type, error.title, error.detail) == \
         (422, "unknown-test", body["type"], body["title"], body["detail"])
-    # The id the service answered with, from its header (or its problem body).
-    assert error.request_id == (answered[-1].headers.get("X-Request-ID") or body.get("request_id"))
+    # The id the service logged it under: the one the client sent, echoed in header and body.
+    assert error.request_id == answered[-1].request.headers["X-Request-ID"] == body["request_id"]
     assert "unknown-test" in str(error)
     with pytest.raises(EdgecutError) as invalid:
         client.create_instance({"tests": [{"id": "a", "cost": -1}], "hypotheses": [{"id": "h", "outcomes": {"a": "x"}}]})

@@ -110,7 +110,7 @@ def test_bad_configuration_fails_at_start_with_a_clear_message():
 
 
 def test_a_request_id_reaches_the_header_the_problem_and_the_json_access_log():
-    server = Server({"REDIS_URL": "", "LOG_LEVEL": "info", "LOG_FORMAT": "json"})
+    server = EdgecutServe({"REDIS_URL": "", "LOG_LEVEL": "info", "LOG_FORMAT": "json"})
     try:
         server.wait_ready()
         quoted = requests.get(f"{server.url}/v1/sessions/no-such-session", headers={"X-Request-ID": "abc-123"},
