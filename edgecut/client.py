@@ -119,6 +119,8 @@ class Client:
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 30.0, *,
                  retries: int = 4, backoff: float = 0.2, max_backoff: float = 5.0,
                  max_retry_after: float = 30.0, http: requests.Session | None = None):
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
@@ -175,6 +177,8 @@ class Client:
         """Record several observations in order, all or nothing: ``(test, outcome)`` pairs or
         dicts in the wire form."""
         items = [dict(o) if isinstance(o, Mapping) else {"test": o[0], "outcome": o[1]} for o in observations]
+        if not items:
+            raise ValueError("observe_many needs at least one observation")
         body: dict[str, Any] = items[0] if len(items) == 1 else {"observations": items}
         response = self._request("POST", f"/v1/sessions/{session_id}/observations", body=body,
                                  headers=self._if_match(session_id, if_match), params=_explain(explain))
@@ -251,7 +255,8 @@ class Client:
                     continue
                 raise EdgecutError(f"{method} {path}: no answer within {self.timeout} s",
                                    request_id=sent["X-Request-ID"]) from error
-            except requests.ConnectionError as error:
+            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as error:
+                # Refused, reset, or cut off mid-answer (a worker killed while it wrote).
                 if last:
                     raise EdgecutError(f"{method} {path}: cannot reach {self.base_url} "
                                        f"after {attempt + 1} attempts: {error}", request_id=sent["X-Request-ID"]) from error

@@ -261,11 +261,12 @@ async function loadTree() {
     const svgText = await (await api("GET", `${base}&format=svg`, { raw: true })).text();
     const svg = new DOMParser().parseFromString(svgText, "image/svg+xml").documentElement;
     if (svg.nodeName !== "svg") throw new Error("the tree could not be drawn");
+    $("tree").classList.remove("fit");  // measured at its own size
     $("tree").replaceChildren(document.importNode(svg, true));
     page.tree = tree;
     page.treeSvg = $("tree").firstElementChild;
-    $("tree-note").textContent = `The ${tree.policy} policy's whole tree: the current node is highlighted.`
-      + (tree.truncated_at_depth !== null ? ` Cut at depth ${tree.truncated_at_depth}.` : "");
+    // Shrunk to the panel when that keeps it readable; a wider tree scrolls, at its own size.
+    fitTree(page.treeSvg.getBoundingClientRect().width <= FIT_TREE_UP_TO * $("tree").clientWidth);
     highlightTree();
   } catch (error) {
     const why = error.status === 501 ? "Graphviz is not installed on the server, so the tree cannot be drawn."
@@ -274,12 +275,25 @@ async function loadTree() {
   }
 }
 
+const FIT_TREE_UP_TO = 1.8;
+
+function fitTree(fit) {
+  $("tree").classList.toggle("fit", fit);
+  $("tree-zoom").textContent = fit ? "Actual size" : "Fit to panel";
+  const current = page.treeSvg && page.treeSvg.querySelector("g.node.current");
+  if (current && !fit) current.scrollIntoView({ block: "nearest", inline: "center" });
+}
+
+$("tree-zoom").addEventListener("click", () => fitTree(!$("tree").classList.contains("fit")));
+
 function highlightTree() {
   if (!page.tree || !page.treeSvg || !page.session) return;
   // Walk the tree along the session's history: the node reached is where the session is.
   let node = page.tree.root;
   const path = [node.id];
+  let pastTheCut = false;
   for (const entry of page.session.history) {
+    if (node.truncated) { pastTheCut = true; break; }  // a likelihood tree is drawn to a depth
     const branch = node.test === entry.test && !entry.skipped
       ? (node.branches || []).find((b) => b.outcome === entry.outcome) : null;
     if (!branch) { node = null; break; }
@@ -296,9 +310,17 @@ function highlightTree() {
     const [from, to] = (g.querySelector("title").textContent || "").split("->");
     g.classList.toggle("visited", onPath.has(from) && onPath.has(to));
   }
-  if (node === null) {
-    $("tree-note").textContent = "This session has left the policy's tree (a skipped or corrected answer): "
-      + "the tree shows the policy's plan from the start.";
+  const current = page.treeSvg.querySelector("g.node.current");
+  if (current && !$("tree").classList.contains("fit")) current.scrollIntoView({ block: "nearest", inline: "center" });
+  const base = `The ${page.tree.policy} policy's whole tree`
+    + (page.tree.truncated_at_depth !== null ? `, drawn to depth ${page.tree.truncated_at_depth}` : "");
+  if (pastTheCut) {
+    $("tree-note").textContent = `${base}: the session has gone deeper than the tree is drawn.`;
+  } else if (node === null) {
+    $("tree-note").textContent = `${base}: this session has left it (a skipped or corrected answer, `
+      + "or other stop rules); it shows the policy's plan from the start.";
+  } else {
+    $("tree-note").textContent = `${base}: the current node is highlighted.`;
   }
 }
 
