@@ -160,6 +160,29 @@ def test_an_unreachable_service_raises_the_one_error_type():
     assert isinstance(unreachable.value.__cause__, requests.ConnectionError)
 
 
+@pytest.mark.slow
+def test_rate_limits_are_waited_out_or_raised_with_their_wait():
+    server = EdgecutServe({"REDIS_URL": "", "LOG_LEVEL": "warning", "RATE_LIMIT": "4/second",
+                           "RATE_LIMIT_BURST": "2"})
+    server.wait_ready()
+    statuses: list[int] = []
+    try:
+        with Client(server.url) as client:
+            client._http.hooks["response"].append(lambda r, *a, **k: statuses.append(r.status_code))
+            state = client.start_session(client.create_instance(TRIAGE))
+            for _ in range(2):
+                assert client.get_session(state.session_id).session_id == state.session_id
+            assert 429 in statuses  # each was answered after waiting Retry-After
+        # A client that will not wait that long gets the 429 at once, with the wait it asked for.
+        with Client(server.url, max_retry_after=0.5) as impatient:
+            with pytest.raises(EdgecutError) as limited:
+                for _ in range(4):
+                    impatient.get_session(state.session_id)
+        assert (limited.value.status, limited.value.code, limited.value.retry_after) == (429, "rate-limited", 1.0)
+    finally:
+        server.stop()
+
+
 class LoseAnswers(HTTPAdapter):
     """Sends each request to the real server, then drops the first ``n`` answers as a broken
     connection would: the service acted, the client never heard."""
