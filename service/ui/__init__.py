@@ -30,6 +30,7 @@ PAGE_BLUEPRINTS = (bp.name, DOCS_BLUEPRINT)
 TREE_MAX_HYPOTHESES = 64
 DEFAULT_EXAMPLE = "triage"
 EXAMPLE_NAME = re.compile(r"^[a-z0-9_]{1,64}$")
+OBSERVATIONS_PATH = re.compile(r"^/v1/sessions/\{[^}]+\}/observations$")
 CORRECTIONS_PATH = re.compile(r"^/v1/sessions/\{[^}]+\}/observations/\{[^}]+\}$")
 
 
@@ -82,7 +83,7 @@ def features() -> dict[str, bool]:
     paths = spec.get("paths", {})
     corrections = any(CORRECTIONS_PATH.match(path) and "delete" in operations for path, operations in paths.items())
     observe = next((operations.get("post", {}) for path, operations in paths.items()
-                    if re.match(r"^/v1/sessions/\{[^}]+\}/observations$", path)), {})
+                    if OBSERVATIONS_PATH.match(path)), {})
     body = observe.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
     return {"skip": _has_property(spec, body, "skip", set()), "corrections": corrections}
 
