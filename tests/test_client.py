@@ -282,6 +282,25 @@ def test_api_keys_and_sessions_over_two_workers(gunicorn_redis):
             assert client.get_session(state.session_id).history == state.history
 
 
+def wait_until_a_request_waits_unread(port: int, timeout: float = 20.0) -> None:
+    """Until a connection to ``port`` holds bytes no process has read yet (the kernel's
+    /proc/net/tcp receive queue): the request has been sent, and the frozen worker has not
+    read it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                rows = [line.split() for line in Path(table).read_text().splitlines()[1:]]
+            except OSError:
+                continue
+            for row in rows:
+                local, state, queues = row[1], row[3], row[4]
+                if int(local.rsplit(":", 1)[1], 16) == port and state == "01" and int(queues.split(":")[1], 16) > 0:
+                    return
+        time.sleep(0.02)
+    raise AssertionError(f"no request reached port {port} within {timeout} s")
+
+
 @pytest.mark.redis
 def test_a_request_cut_by_a_killed_worker_is_retried(gunicorn_redis):
     """The request reaches a worker that is frozen, then killed -9: the connection is reset, the
@@ -299,7 +318,7 @@ def test_a_request_cut_by_a_killed_worker_is_retried(gunicorn_redis):
         call = threading.Thread(target=lambda: result.update(
             state=client.observe(state.session_id, state.next_test.id, answers[state.next_test.id])))
         call.start()
-        time.sleep(0.5)
+        wait_until_a_request_waits_unread(gunicorn_redis.port)
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
         call.join(timeout=60)
