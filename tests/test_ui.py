@@ -253,6 +253,7 @@ def test_the_page_and_the_docs_are_served_from_the_package(web):
     page = web.get("/ui")
     assert page.status_code == 200 and "text/html" in page.content_type
     assert web.get("/ui/").status_code == 200 and web.get("/docs").status_code == 308
+    assert "script-src 'self'" in page.headers["Content-Security-Policy"]  # the browser tests run under it
     html = page.get_data(as_text=True)
     assert "https://" not in html.replace("http://www.w3.org", "") and "//cdn" not in html
     for asset in ("/ui/static/ui.js", "/ui/static/ui.css", "/docs/swagger-ui-bundle.js", "/docs/swagger-ui.css"):

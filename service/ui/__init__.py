@@ -34,6 +34,20 @@ OBSERVATIONS_PATH = re.compile(r"^/v1/sessions/\{[^}]+\}/observations$")
 CORRECTIONS_PATH = re.compile(r"^/v1/sessions/\{[^}]+\}/observations/\{[^}]+\}$")
 
 
+# Only this service's own scripts, styles and images: a label in an instance can never run as
+# code, even if it got into the page as markup by mistake.
+CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                           "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+
+
+@bp.after_request
+def _harden(response: Response) -> Response:
+    response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    return response
+
+
 @bp.get("/", strict_slashes=False)
 def page() -> str:
     config = {

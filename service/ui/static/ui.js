@@ -77,6 +77,12 @@ function el(tag, attributes = {}, ...children) {
   return node;
 }
 
+function bar(p) {
+  const node = el("span", { className: "bar" });
+  node.style.width = `${(100 * p).toFixed(2)}%`;  // CSSOM: the page's CSP allows no inline style attributes
+  return node;
+}
+
 const fmt = (x) => (Number.isInteger(x) ? String(x) : Number(x).toPrecision(3).replace(/\.?0+$/, ""));
 const percent = (p) => `${(100 * p).toFixed(p > 0 && p < 0.001 ? 2 : 1)}%`;
 
@@ -222,7 +228,7 @@ function show(state, etag) {
   $("posterior").replaceChildren(...Object.entries(posterior).map(([label, p]) =>
     el("div", { className: label === top ? "bar-row top" : "bar-row", "data-label": label },
       el("span", { className: "bar-label" }, label),
-      el("span", { className: "bar-track" }, el("span", { className: "bar", style: `width: ${(100 * p).toFixed(2)}%` })),
+      el("span", { className: "bar-track" }, bar(p)),
       el("span", { className: "bar-value" }, percent(p)))));
 
   const candidates = state.candidates || [];
