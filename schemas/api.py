@@ -75,6 +75,8 @@ class StepConfig(_Request):
     max_cost: Annotated[StrictFloat | StrictInt, Field(gt=0, allow_inf_nan=False)] | None = None
     confidence: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] = 0
+    # Decision instances with losses: decided once the least expected loss is at most this.
+    max_expected_loss: Annotated[StrictFloat | StrictInt, Field(ge=0, allow_inf_nan=False)] | None = None
 
     @model_validator(mode="after")
     def _one_instance(self) -> StepConfig:
@@ -115,6 +117,15 @@ class HistoryEntry(_Response):
     cost: float
 
 
+class DecisionOut(_Response):
+    """The decision to act on now: with losses the least expected loss, else the most probably
+    acceptable; ``probability`` = P(acceptable | observations)."""
+
+    id: str
+    probability: float
+    expected_loss: float | None = None  # only when the instance gives losses
+
+
 class Candidate(_Response):
     """A test the policy scored: ``score`` is its gain per unit cost in the policy's own units."""
 
@@ -136,6 +147,10 @@ class StepState(_Response):
     map_class: str
     # |V(x_A)| for deterministic instances; null for likelihood instances.
     version_space_size: int | None
+    # Decision instances only (null otherwise): the decision, and P(acceptable) per decision,
+    # most probable first.
+    decision: DecisionOut | None = None
+    decision_posterior: dict[str, float] | None = None
     # Only with ?explain=true: the best-scoring eligible tests, best first.
     candidates: list[Candidate] | None = None
 

@@ -34,6 +34,7 @@ from .evaluate import (
     worst_case_cost,
 )
 from .policies import POLICIES, Policy
+from .regions import choose_decision, decision_posterior, expected_loss
 from .select import (
     DEFAULT_LIKELIHOOD_CONFIDENCE,
     Decision,

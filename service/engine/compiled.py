@@ -26,6 +26,11 @@ class CompiledInstance:
     """A problem instance as arrays.
 
     Hypotheses are stored grouped by class, in their given order within a class.
+
+    A decision instance also has ``decision_labels`` (D of them) and ``acceptable[h, d]`` (n × D
+    bool, every row has a True), plus ``loss[h, d]`` when losses were given. Its classes are the
+    paper's section 4 reduction: each hypothesis is in the class of its first acceptable decision,
+    labelled by that decision.
     ``outcomes[h, t]`` is the index (into ``outcome_labels[t]``) of the outcome hypothesis ``h``
     gives on test ``t`` (deterministic instances); ``likelihood[h, t, k] = P(X_t = k | h)``
     (likelihood instances). Exactly one of the two is set.
@@ -45,6 +50,9 @@ class CompiledInstance:
     outcomes: np.ndarray | None = None  # (n, N) smallest unsigned int dtype
     likelihood: np.ndarray | None = None  # (n, N, ℓ) float64
     warnings: tuple[str, ...] = field(default=())
+    decision_labels: tuple[str, ...] = ()
+    acceptable: np.ndarray | None = None  # (n, D) bool
+    loss: np.ndarray | None = None  # (n, D) float64 >= 0
 
     @property
     def kind(self) -> str:
@@ -61,6 +69,50 @@ class CompiledInstance:
     @property
     def n_classes(self) -> int:
         return len(self.class_labels)
+
+    @property
+    def is_decision(self) -> bool:
+        return self.acceptable is not None
+
+    @property
+    def n_decisions(self) -> int:
+        return len(self.decision_labels)
+
+    @cached_property
+    def acceptance_patterns(self) -> tuple[np.ndarray, np.ndarray]:
+        """(patterns, pattern_of): the distinct rows of ``acceptable`` (G × D bool, sorted) and
+        each hypothesis's row among them (n,). The region objectives sum per pattern."""
+        patterns, pattern_of = np.unique(self.acceptable, axis=0, return_inverse=True)
+        return patterns, pattern_of.reshape(-1)
+
+    @cached_property
+    def hyperedge_order(self) -> int:
+        """HEC's hyperedge size k = max_h |{d : d acceptable to h}| + 1: then every k surviving
+        hypotheses sharing a decision implies all of them share one (a Helly-type argument,
+        docs/decisions.md)."""
+        return int(self.acceptable.sum(axis=1).max()) + 1
+
+    @cached_property
+    def decision_intersections(self) -> tuple[np.ndarray, np.ndarray]:
+        """(subsets, signs): every nonempty set S of decisions some hypothesis accepts all of
+        (S × D bool), with the inclusion-exclusion sign (-1)^(|S|+1). Hypotheses sharing a
+        decision are counted over these sets only: a set nobody accepts holds no mass."""
+        patterns, _ = self.acceptance_patterns
+        seen: set[bytes] = set()
+        subsets: list[np.ndarray] = []
+        for pattern in patterns:
+            members = np.flatnonzero(pattern)
+            for size in range(1, members.size + 1):
+                for chosen in itertools.combinations(members.tolist(), size):
+                    subset = np.zeros(self.n_decisions, dtype=bool)
+                    subset[list(chosen)] = True
+                    key = subset.tobytes()
+                    if key not in seen:
+                        seen.add(key)
+                        subsets.append(subset)
+        stacked = np.array(subsets, dtype=bool).reshape(-1, self.n_decisions)
+        signs = np.where(stacked.sum(axis=1) % 2 == 1, 1.0, -1.0)
+        return stacked, signs
 
     @property
     def max_outcomes(self) -> int:
@@ -92,7 +144,8 @@ class CompiledInstance:
 
     @cached_property
     def nbytes(self) -> int:
-        arrays = (self.costs, self.class_index, self.prior, self.outcomes, self.likelihood)
+        arrays = (self.costs, self.class_index, self.prior, self.outcomes, self.likelihood,
+                  self.acceptable, self.loss)
         return sum(a.nbytes for a in arrays if a is not None)
 
     @cached_property
@@ -114,6 +167,13 @@ class CompiledInstance:
                 canonical = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
                 put(f"{canonical.dtype.str}{canonical.shape}".encode())
                 put(canonical.tobytes())
+        if self.is_decision:  # class instances hash as they always did
+            put("\x1f".join(self.decision_labels).encode())
+            for array in (self.acceptable.astype("|u1"), self.loss):
+                if array is not None:
+                    canonical = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+                    put(f"{canonical.dtype.str}{canonical.shape}".encode())
+                    put(canonical.tobytes())
         return digest.hexdigest()
 
 
@@ -132,6 +192,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
     if n * n_tests > max_cells:
         raise InstanceTooLarge(f"instance has {n}×{n_tests} = {n * n_tests} cells; the limit is {max_cells}")
 
+    decision_labels, acceptable, loss = _decision_arrays(instance)
     if instance.hypotheses is not None:
         hyps = instance.hypotheses
         hypothesis_ids = tuple(h.id for h in hyps)
@@ -157,7 +218,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
                             likelihood[i, j, outcome_labels[j].index(label)] = p
     else:
         hypothesis_ids = tuple(instance.hypothesis_ids or (str(i) for i in range(n)))
-        classes = list(instance.classes)
+        classes = list(instance.classes) if instance.classes is not None else []
         raw_prior = instance.priors
         if instance.matrix is not None:
             matrix = np.array(instance.matrix, dtype=np.int64).reshape(n, n_tests)
@@ -175,7 +236,13 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
 
     prior = np.full(n, 1.0 / n) if raw_prior is None else np.asarray(raw_prior, dtype=np.float64)
     prior = prior / prior.sum()
-    class_labels = tuple(dict.fromkeys(classes))
+    if acceptable is not None:
+        # Section 4's reduction: the class of a hypothesis is its first acceptable decision.
+        first = acceptable.argmax(axis=1)
+        classes = [decision_labels[d] for d in first]
+        class_labels = tuple(decision_labels[d] for d in np.unique(first))  # in decision order
+    else:
+        class_labels = tuple(dict.fromkeys(classes))
     class_position = {c: i for i, c in enumerate(class_labels)}
     class_index = np.array([class_position[c] for c in classes], dtype=np.intp)
     costs = np.array([float(t.cost) for t in instance.tests])
@@ -185,10 +252,13 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
     else:
         error_rates = _error_rates(instance)
         if instance.max_flips is not None:
-            matrix, prior, class_index, hypothesis_ids = _expand_noisy_copies(
+            matrix, prior, class_index, hypothesis_ids, origin = _expand_noisy_copies(
                 matrix, prior, class_index, hypothesis_ids, outcome_labels, test_ids,
                 instance.max_flips, error_rates, max_cells,
             )
+            if acceptable is not None:  # a noisy copy accepts what its hypothesis accepts
+                acceptable = acceptable[origin]
+                loss = None if loss is None else loss[origin]
         elif error_rates.any():
             likelihood = _symmetric_noise(matrix, outcome_labels, error_rates)
             matrix = None
@@ -202,6 +272,9 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
         matrix = matrix[order]
     if likelihood is not None:
         likelihood = np.ascontiguousarray(likelihood[order].transpose(0, 2, 1)).transpose(0, 2, 1)
+    if acceptable is not None:
+        acceptable = np.ascontiguousarray(acceptable[order])
+        loss = None if loss is None else np.ascontiguousarray(loss[order])
     outcomes = matrix.astype(smallest_uint_dtype(int(matrix.max(initial=0)))) if matrix is not None else None
     compiled = CompiledInstance(
         test_ids=test_ids,
@@ -213,9 +286,38 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
         prior=prior,
         outcomes=outcomes,
         likelihood=likelihood,
+        decision_labels=decision_labels,
+        acceptable=acceptable,
+        loss=loss,
     )
     object.__setattr__(compiled, "warnings", tuple(_warnings(compiled)))
     return compiled
+
+
+def _decision_arrays(instance: Instance) -> tuple[tuple[str, ...], np.ndarray | None, np.ndarray | None]:
+    """(decision labels, acceptable n × D bool, loss n × D or None) of a decision instance;
+    ((), None, None) otherwise. Losses define acceptability through ``loss_tolerance``."""
+    if instance.decisions is None:
+        return (), None, None
+    labels = tuple(instance.decisions)
+    position = {d: j for j, d in enumerate(labels)}
+    loss = None
+    if instance.hypotheses is not None:
+        hyps = instance.hypotheses
+        if hyps[0].loss is not None:
+            loss = np.array([[float(h.loss[d]) for d in labels] for h in hyps]).reshape(len(hyps), len(labels))
+        else:
+            acceptable = np.zeros((len(hyps), len(labels)), dtype=bool)
+            for i, h in enumerate(hyps):
+                acceptable[i, [position[d] for d in h.acceptable]] = True
+            return labels, acceptable, None
+    elif instance.loss_matrix is not None:
+        loss = np.array(instance.loss_matrix, dtype=np.float64).reshape(-1, len(labels))
+    else:
+        return labels, np.array(instance.acceptable_matrix, dtype=bool).reshape(-1, len(labels)), None
+    tolerance = float(instance.loss_tolerance or 0.0)
+    acceptable = loss <= loss.min(axis=1, keepdims=True) + tolerance
+    return labels, acceptable, loss
 
 
 def _per_hypothesis_outcome_labels(instance: Instance) -> list[tuple[str, ...]]:
@@ -289,7 +391,7 @@ def _expand_noisy_copies(matrix, prior, class_index, hypothesis_ids, outcome_lab
     # Weight of one flip of test t to a given other outcome: ε_t/(ℓ_t−1) against 1−ε_t kept.
     # With no error rate given every copy weighs the same.
     weighted = bool(error_rates.any())
-    rows, priors, classes, ids = [], [], [], []
+    rows, priors, classes, ids, origin = [], [], [], [], []
     for h in range(n):
         copies, weights, names = [matrix[h]], [1.0], [hypothesis_ids[h]]
         for k in range(1, max_flips + 1):
@@ -317,10 +419,11 @@ def _expand_noisy_copies(matrix, prior, class_index, hypothesis_ids, outcome_lab
         rows.extend(copies)
         priors.append(prior[h] * weights_arr / weights_arr.sum())
         classes.extend([class_index[h]] * len(copies))
+        origin.extend([h] * len(copies))
         ids.extend(names)
     prior_out = np.concatenate(priors)
     return (np.array(rows, dtype=np.int64).reshape(-1, n_tests), prior_out / prior_out.sum(),
-            np.array(classes, dtype=np.intp), tuple(ids))
+            np.array(classes, dtype=np.intp), tuple(ids), np.array(origin, dtype=np.intp))
 
 
 def _warnings(inst: CompiledInstance) -> list[str]:
