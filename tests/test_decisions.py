@@ -1,0 +1,191 @@
+"""Decision instances: the region objectives against the naive reference, the issue's toy, the
+stop rule ``decided`` and the decision the state reports."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from service import engine
+from service.engine import StopReason, StopRules
+from tests import reference_decisions as refd
+from tests.builders import compile_wire
+
+N_INSTANCES = 150
+
+
+def toy(**extra) -> dict:
+    """The issue's toy: h1 accepts {A}, h2 {A, B}, h3 {B}; the cheap test separates h1 from
+    {h2, h3}, only the dear one separates h2 from h3 (it puts h1 with h3)."""
+    return {
+        "tests": [{"id": "cheap", "cost": 1, "outcomes": ["a", "b"]},
+                  {"id": "dear", "cost": 10, "outcomes": ["x", "y"]}],
+        "decisions": ["A", "B"],
+        "hypotheses": [
+            {"id": "h1", "acceptable": ["A"], "outcomes": {"cheap": "a", "dear": "y"}},
+            {"id": "h2", "acceptable": ["A", "B"], "outcomes": {"cheap": "b", "dear": "x"}},
+            {"id": "h3", "acceptable": ["B"], "outcomes": {"cheap": "b", "dear": "y"}},
+        ],
+        **extra,
+    }
+
+
+def labelled(observations):
+    return [(f"t{t}", f"o{k}") for t, k in observations]
+
+
+def random_case(seed: int, kind: str):
+    rng = random.Random(seed)
+    model = refd.random_decision_model(rng, kind)
+    truth = rng.randrange(model.base.n)
+    tests = list(range(model.base.n_tests))
+    rng.shuffle(tests)
+    observations = [(t, refd.ref.sample_outcome(model.base, rng, truth, t)) for t in tests[: rng.randint(0, 2)]]
+    return model, observations
+
+
+@pytest.mark.parametrize("kind", ["deterministic", "likelihood"])
+@pytest.mark.parametrize("policy", ["hec", "direct"])
+def test_region_objectives_agree_with_explicit_edge_lists(kind, policy):
+    compared = 0
+    for seed in range(N_INSTANCES):
+        model, observations = random_case(seed, kind)
+        inst = compile_wire(refd.to_payload(model))
+        where = f"seed {seed}, {policy}, observations {observations}"
+        try:
+            parsed = engine.parse_observations(inst, labelled(observations))
+            decision = engine.next_step(inst, parsed, policy)
+        except engine.InconsistentObservation:
+            continue
+        reason, expected = refd.stop_or_scores(model, observations, policy)
+        if reason is not None:
+            assert decision.stop_reason == reason, where
+            continue
+        compared += 1
+        for t, score in expected.items():
+            # Round-off of the alternating sums: 1e-9 relative to the largest score.
+            got = decision.scores[t]
+            if score <= 1e-12:
+                assert np.isnan(got) or got <= 1e-9, where
+            else:
+                assert abs(got - score) <= 1e-9 * max(expected.values()), f"{where}, test {t}: {got} vs {score}"
+        if decision.next_test is not None:
+            best = max(expected.values())
+            assert expected[decision.next_test] >= best * (1 - 1e-8), where
+    assert compared >= N_INSTANCES // 4, f"only {compared} instances were scored"
+
+
+def test_hec_on_one_decision_per_hypothesis_ranks_tests_as_ec2_does():
+    # Disjoint regions: hyperedges are pairs from different regions, which are EC²'s edges.
+    rng = random.Random(5)
+    for _ in range(20):
+        model = refd.random_decision_model(rng, "deterministic")
+        model.acceptable = [{min(a)} for a in model.acceptable]
+        inst = compile_wire(refd.to_payload(model))
+        hec = engine.next_step(inst, [], "hec")
+        ec2 = engine.next_step(inst, [], "ec2")
+        assert hec.next_test == ec2.next_test
+        if not hec.done:
+            ratio = hec.scores / ec2.scores
+            finite = ratio[np.isfinite(ratio) & (ec2.scores > 1e-12)]
+            assert np.allclose(finite, finite[0], rtol=1e-9)
+
+
+def test_the_toy_hec_and_direct_ask_the_cheap_test_and_decide_b():
+    inst = compile_wire(toy())
+    for policy in ("hec", "direct"):
+        first = engine.next_step(inst, [], policy)
+        assert inst.test_ids[first.next_test] == "cheap"
+        after = engine.next_step(inst, engine.parse_observations(inst, [("cheap", "b")]), policy)
+        assert after.stop_reason == StopReason.DECIDED
+        probability = engine.decision_posterior(after.belief)
+        assert inst.decision_labels[engine.choose_decision(probability, None)] == "B"
+
+
+def test_the_toy_ec2_on_the_reduction_must_separate_h2_from_h3():
+    inst = compile_wire(toy())
+    assert inst.class_labels == ("A", "B")  # h1, h2 → A (first acceptable); h3 → B
+    after = engine.next_step(inst, engine.parse_observations(inst, [("cheap", "b")]), "ec2")
+    assert inst.test_ids[after.next_test] == "dear"
+    tree = engine.policy_tree(inst, engine.POLICIES["ec2"])
+    assert engine.expected_cost(tree) >= 23 / 3 - 1e-12
+    for policy in ("hec", "direct"):
+        assert engine.expected_cost(engine.policy_tree(inst, engine.POLICIES[policy])) == pytest.approx(1.0)
+    assert engine.optimal_expected_cost(inst) == pytest.approx(1.0)
+
+
+def test_decision_policies_need_a_decision_instance():
+    inst = compile_wire({"tests": [{"id": "t"}], "hypotheses": [
+        {"id": "a", "outcomes": {"t": "0"}}, {"id": "b", "outcomes": {"t": "1"}}]})
+    with pytest.raises(engine.PolicyNotApplicable):
+        engine.next_step(inst, [], "hec")
+    assert engine.resolve_policy(compile_wire(toy()), None).name == "hec"
+
+
+def likelihood_toy(**extra) -> dict:
+    """Two conditions on one noisy test; 'minor' accepts home, 'major' accepts hospital."""
+    return {
+        "tests": [{"id": "q", "outcomes": ["no", "yes"]}],
+        "decisions": ["home", "hospital"],
+        "hypotheses": [
+            {"id": "minor", "prior": 0.7, "loss": {"home": 0, "hospital": 1},
+             "likelihoods": {"q": {"no": 0.9, "yes": 0.1}}},
+            {"id": "major", "prior": 0.3, "loss": {"home": 20, "hospital": 0},
+             "likelihoods": {"q": {"no": 0.2, "yes": 0.8}}},
+        ],
+        **extra,
+    }
+
+
+def test_likelihood_decisions_stop_at_confidence_and_at_expected_loss():
+    inst = compile_wire(likelihood_toy())
+    belief = engine.observe(inst, [])
+    np.testing.assert_allclose(engine.decision_posterior(belief), [0.7, 0.3])
+    np.testing.assert_allclose(engine.expected_loss(belief), [0.3 * 20, 0.7 * 1])
+    # The Bayes decision under these losses is hospital, though home is more probably acceptable.
+    assert engine.choose_decision(engine.decision_posterior(belief), engine.expected_loss(belief)) == 1
+    assert not engine.next_step(inst, [], "hec").done
+    assert engine.next_step(inst, [], "hec", StopRules(confidence=0.7)).stop_reason == StopReason.DECIDED
+    assert engine.next_step(inst, [], "hec", StopRules(max_expected_loss=0.7)).stop_reason == StopReason.DECIDED
+    assert not engine.next_step(inst, [], "hec", StopRules(max_expected_loss=0.69)).done
+    no = engine.parse_observations(inst, [("q", "no")])
+    # P(minor | no) = 0.63 / 0.69 = 0.913 < 0.95: the only test is spent.
+    assert engine.next_step(inst, no, "direct").stop_reason == StopReason.TESTS_EXHAUSTED
+
+
+def test_losses_define_acceptable_decisions_within_the_tolerance():
+    payload = likelihood_toy()
+    payload["hypotheses"][0]["loss"] = {"home": 0, "hospital": 1}
+    strict = compile_wire(payload)
+    tolerant = compile_wire({**payload, "loss_tolerance": 1})
+    minor = strict.hypothesis_ids.index("minor")
+    assert strict.acceptable[minor].tolist() == [True, False]
+    assert tolerant.acceptable[minor].tolist() == [True, True]
+    assert strict.content_hash != tolerant.content_hash
+
+
+def test_columnar_and_per_hypothesis_forms_compile_alike():
+    payload = toy()
+    columnar = {
+        "tests": payload["tests"],
+        "matrix": [[0, 1], [1, 0], [1, 1]],
+        "hypothesis_ids": ["h1", "h2", "h3"],
+        "decisions": ["A", "B"],
+        "acceptable_matrix": [[1, 0], [1, 1], [0, 1]],
+    }
+    assert compile_wire(columnar).content_hash == compile_wire(payload).content_hash
+    losses = {**columnar, "acceptable_matrix": None, "loss_matrix": [[0, 5], [1, 1], [3, 0]]}
+    del losses["acceptable_matrix"]
+    inst = compile_wire(losses)
+    assert inst.acceptable.tolist() == [[True, False], [True, True], [False, True]]
+    assert inst.loss is not None
+
+
+def test_noisy_copies_keep_their_hypothesis_decisions():
+    inst = compile_wire(toy(max_flips=1))
+    for h, name in enumerate(inst.hypothesis_ids):
+        origin = name.split("~")[0]
+        expected = {"h1": [True, False], "h2": [True, True], "h3": [False, True]}[origin]
+        assert inst.acceptable[h].tolist() == expected
