@@ -88,8 +88,8 @@ def test_hec_on_one_decision_per_hypothesis_ranks_tests_as_ec2_does():
         ec2 = engine.next_step(inst, [], "ec2")
         assert hec.next_test == ec2.next_test
         if not hec.done:
-            ratio = hec.scores / ec2.scores
-            finite = ratio[np.isfinite(ratio) & (ec2.scores > 1e-12)]
+            informative = ec2.scores > 1e-12
+            finite = hec.scores[informative] / ec2.scores[informative]
             assert np.allclose(finite, finite[0], rtol=1e-9)
 
 
@@ -113,7 +113,8 @@ def test_the_toy_ec2_on_the_reduction_must_separate_h2_from_h3():
     assert engine.expected_cost(tree) >= 23 / 3 - 1e-12
     for policy in ("hec", "direct"):
         assert engine.expected_cost(engine.policy_tree(inst, engine.POLICIES[policy])) == pytest.approx(1.0)
-    assert engine.optimal_expected_cost(inst) == pytest.approx(1.0)
+    assert engine.optimal_decision_cost(inst) == pytest.approx(1.0)
+    assert engine.optimal_expected_cost(inst) == pytest.approx(23 / 3)  # over the classes
 
 
 def test_decision_policies_need_a_decision_instance():
@@ -189,3 +190,14 @@ def test_noisy_copies_keep_their_hypothesis_decisions():
         origin = name.split("~")[0]
         expected = {"h1": [True, False], "h2": [True, True], "h3": [False, True]}[origin]
         assert inst.acceptable[h].tolist() == expected
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_optimum_over_decisions_matches_the_reference_and_no_policy_beats_it(seed):
+    model = refd.random_decision_model(random.Random(1000 + seed), "deterministic")
+    inst = compile_wire(refd.to_payload(model))
+    optimum = engine.optimal_decision_cost(inst)
+    assert optimum == pytest.approx(refd.optimal_cost(model), rel=1e-12, abs=1e-12)
+    for name in ("hec", "direct", "ec2", "infogain", "gbs", "random"):
+        cost = engine.expected_cost(engine.policy_tree(inst, engine.POLICIES[name]))
+        assert optimum <= cost + 1e-9, name

@@ -28,6 +28,8 @@ from .evaluate import (
     TreeNode,
     expected_cost,
     expected_tests,
+    final_decision,
+    optimal_decision_cost,
     optimal_expected_cost,
     policy_tree,
     run_policy,
