@@ -201,3 +201,124 @@ def test_the_optimum_over_decisions_matches_the_reference_and_no_policy_beats_it
     for name in ("hec", "direct", "ec2", "infogain", "gbs", "random"):
         cost = engine.expected_cost(engine.policy_tree(inst, engine.POLICIES[name]))
         assert optimum <= cost + 1e-9, name
+
+
+# --- the wire contract --------------------------------------------------------------------------
+
+
+def rejected_at(payload: dict) -> list[str]:
+    from pydantic import ValidationError
+
+    from schemas.instance import Instance, json_path
+    with pytest.raises(ValidationError) as refused:
+        Instance.model_validate(payload)
+    return [json_path(error["loc"]) for error in refused.value.errors()]
+
+
+def columnar_toy(**change) -> dict:
+    payload = {"tests": toy()["tests"], "matrix": [[0, 1], [1, 0], [1, 1]], "decisions": ["A", "B"],
+               "acceptable_matrix": [[1, 0], [1, 1], [0, 1]]}
+    payload.update(change)
+    return payload
+
+
+def with_hypothesis(index: int, **change) -> dict:
+    payload = toy()
+    payload["hypotheses"][index] = {**payload["hypotheses"][index], **change}
+    return payload
+
+
+REJECTIONS = {
+    "class beside decisions": (with_hypothesis(1, **{"class": "x"}), "hypotheses[1].class"),
+    "unknown decision id": (with_hypothesis(2, acceptable=["B", "C"]), "hypotheses[2].acceptable[1]"),
+    "no acceptable decision": (with_hypothesis(0, acceptable=[]), "hypotheses[0].acceptable"),
+    "neither acceptable nor loss": (
+        {**toy(), "hypotheses": [{k: v for k, v in h.items() if k != "acceptable"} if i == 1 else h
+                                 for i, h in enumerate(toy()["hypotheses"])]}, "hypotheses[1].acceptable"),
+    "both acceptable and loss": (with_hypothesis(0, loss={"A": 0, "B": 1}), "hypotheses[0].loss"),
+    "unknown decision in loss": (
+        {**toy(), "hypotheses": [{**{k: v for k, v in h.items() if k != "acceptable"},
+                                  "loss": {"A": 0, "B": 1, **({"C": 2} if i == 2 else {})}}
+                                 for i, h in enumerate(toy()["hypotheses"])]}, "hypotheses[2].loss.C"),
+    "negative loss": (
+        {**toy(), "hypotheses": [{**{k: v for k, v in h.items() if k != "acceptable"},
+                                  "loss": {"A": -1 if i == 1 else 0, "B": 1}}
+                                 for i, h in enumerate(toy()["hypotheses"])]}, "hypotheses[1].loss.A"),
+    "missing loss": (
+        {**toy(), "hypotheses": [{**{k: v for k, v in h.items() if k != "acceptable"},
+                                  "loss": {"A": 0} if i == 0 else {"A": 0, "B": 1}}
+                                 for i, h in enumerate(toy()["hypotheses"])]}, "hypotheses[0].loss.B"),
+    "loss tolerance without losses": ({**toy(), "loss_tolerance": 1}, "loss_tolerance"),
+    "duplicate decision": ({**toy(), "decisions": ["A", "B", "A"]}, "decisions[2]"),
+    "acceptable without decisions": ({k: v for k, v in toy().items() if k != "decisions"}, "hypotheses[0].acceptable"),
+    "classes beside decisions": (columnar_toy(classes=["a", "b", "c"]), "classes"),
+    "both matrices": (columnar_toy(loss_matrix=[[0, 1], [0, 0], [1, 0]]), "loss_matrix"),
+    "no matrix": ({k: v for k, v in columnar_toy().items() if k != "acceptable_matrix"}, "acceptable_matrix"),
+    "not 0/1": (columnar_toy(acceptable_matrix=[[1, 0], [2, 1], [0, 1]]), "acceptable_matrix[1][0]"),
+    "row accepting nothing": (columnar_toy(acceptable_matrix=[[1, 0], [0, 0], [0, 1]]), "acceptable_matrix[1]"),
+    "ragged row": (columnar_toy(acceptable_matrix=[[1, 0], [1], [0, 1]]), "acceptable_matrix[1]"),
+    "rows of the wrong number": (columnar_toy(acceptable_matrix=[[1, 0], [0, 1]]), "acceptable_matrix"),
+    "matrices in the per-hypothesis form": ({**toy(), "acceptable_matrix": [[1, 0]]}, "acceptable_matrix"),
+    "NaN in the loss matrix": (
+        {**{k: v for k, v in columnar_toy().items() if k != "acceptable_matrix"},
+         "loss_matrix": [[0, 1], [0, float("nan")], [1, 0]]}, "loss_matrix[1][1]"),
+}
+
+
+@pytest.mark.parametrize("payload,path", REJECTIONS.values(), ids=REJECTIONS.keys())
+def test_every_decision_rejection_names_its_place(payload, path):
+    assert path in rejected_at(payload)
+
+
+def test_the_base_decision_payloads_are_valid():
+    compile_wire(toy())
+    compile_wire(columnar_toy())
+
+
+# --- over HTTP ----------------------------------------------------------------------------------
+
+
+def test_a_decision_session_reports_the_decision_and_stops_decided(client):
+    created = client.post("/v1/sessions", json={"instance": toy()})
+    assert created.status_code == 201
+    state = created.get_json()
+    assert state["policy"] == "hec" and state["next_test"]["id"] == "cheap"
+    assert list(state["decision_posterior"]) == ["A", "B"]  # ties in decision order
+    assert state["decision_posterior"] == pytest.approx({"A": 2 / 3, "B": 2 / 3})
+    assert state["decision"] == {"id": "A", "probability": pytest.approx(2 / 3)}  # no losses: no expected_loss
+    sid = state["session_id"]
+    done = client.post(f"/v1/sessions/{sid}/observations", json={"test": "cheap", "outcome": "b"},
+                       headers={"If-Match": '"1"'}).get_json()
+    assert done["done"] and done["stop_reason"] == "decided"
+    assert done["decision"] == {"id": "B", "probability": 1.0}
+    assert done["decision_posterior"] == {"B": 1.0, "A": pytest.approx(0.5)}
+
+
+def test_select_with_losses_reports_the_expected_loss_and_stops_at_max_expected_loss(client):
+    body = {"instance": likelihood_toy(), "max_expected_loss": 0.7}
+    state = client.post("/v1/select", json=body).get_json()
+    assert state["done"] and state["stop_reason"] == "decided"
+    assert state["decision"] == {"id": "hospital", "probability": pytest.approx(0.3),
+                                 "expected_loss": pytest.approx(0.7)}
+    going = client.post("/v1/select", json={"instance": likelihood_toy(), "policy": "direct"}).get_json()
+    assert not going["done"] and going["next_test"]["id"] == "q"
+
+
+def test_class_instances_keep_their_state_shape_and_refuse_decision_policies(client):
+    payload = {"tests": [{"id": "t"}], "hypotheses": [{"id": "a", "outcomes": {"t": "0"}},
+                                                       {"id": "b", "outcomes": {"t": "1"}}]}
+    state = client.post("/v1/select", json={"instance": payload}).get_json()
+    assert "decision" not in state and "decision_posterior" not in state
+    refused = client.post("/v1/select", json={"instance": payload, "policy": "hec"})
+    assert refused.status_code == 422 and refused.get_json()["type"].endswith("policy-not-applicable")
+
+
+def test_a_session_keeps_max_expected_loss_in_both_stores(client):
+    created = client.post("/v1/sessions", json={"instance": likelihood_toy(), "max_expected_loss": 0.5}).get_json()
+    assert not created["done"]
+    after = client.post(f"/v1/sessions/{created['session_id']}/observations",
+                        json={"test": "q", "outcome": "no"}).get_json()
+    # After 'no': E[loss(home)] = 20 · 0.06 / 0.69 = 1.74, E[loss(hospital)] = 0.63 / 0.69 = 0.91.
+    assert after["stop_reason"] == "tests_exhausted"
+    assert after["decision"]["id"] == "hospital"
+    assert after["decision"]["expected_loss"] == pytest.approx(0.63 / 0.69)
