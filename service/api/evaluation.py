@@ -41,6 +41,7 @@ class EvaluateRequest(BaseModel):
     max_tests: Annotated[StrictInt, Field(ge=0)] | None = None
     max_cost: Annotated[float, Field(gt=0)] | None = None
     confidence: Annotated[float, Field(gt=0, le=1)] | None = None
+    max_expected_loss: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     samples: Annotated[StrictInt, Field(ge=1)] = 2000
     seed: Annotated[StrictInt, Field(ge=0)] = 0
     optimum: StrictBool = True
@@ -58,7 +59,8 @@ def evaluate_policies(instance_id: str) -> Response:
         time_limit=settings.evaluation_time_limit,
         max_policy_cells=settings.evaluation_max_policy_cells,
     )
-    rules = engine.StopRules(max_tests=body.max_tests, max_cost=body.max_cost, confidence=body.confidence)
+    rules = engine.StopRules(max_tests=body.max_tests, max_cost=body.max_cost, confidence=body.confidence,
+                             max_expected_loss=body.max_expected_loss)
     report = evaluate(inst, body.policies, rules, samples=body.samples, seed=body.seed,
                       optimum=body.optimum, limits=limits)
     return json_response({"instance_id": instance_id, **report.to_dict()})
