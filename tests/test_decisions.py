@@ -322,3 +322,21 @@ def test_a_session_keeps_max_expected_loss_in_both_stores(client):
     assert after["stop_reason"] == "tests_exhausted"
     assert after["decision"]["id"] == "hospital"
     assert after["decision"]["expected_loss"] == pytest.approx(0.63 / 0.69)
+
+
+def test_hec_work_past_the_cell_limit_is_refused_before_it_is_built():
+    from schemas.instance import Instance
+    # Patterns {A} (1 set), {A, B} (3), {B} (1): (1 + 5) × k = 3 powers × 2 tests × 2 outcomes = 72.
+    instance = Instance.model_validate(toy())
+    engine.compile_instance(instance, max_cells=72)
+    with pytest.raises(engine.InstanceTooLarge, match="max_cells"):
+        engine.compile_instance(instance, max_cells=71)
+
+
+def test_indistinguishable_hypotheses_sharing_no_decision_are_warned_about():
+    payload = toy()
+    payload["hypotheses"][2]["outcomes"] = dict(payload["hypotheses"][0]["outcomes"])  # h3 answers as h1
+    inst = compile_wire(payload)
+    assert len(inst.warnings) == 1 and "'h1' (A), 'h3' (B)" in inst.warnings[0]
+    payload["hypotheses"][2]["outcomes"] = dict(payload["hypotheses"][1]["outcomes"])  # h3 as h2: B suits both
+    assert compile_wire(payload).warnings == ()

@@ -97,22 +97,9 @@ class CompiledInstance:
         """(subsets, signs): every nonempty set S of decisions some hypothesis accepts all of
         (S × D bool), with the inclusion-exclusion sign (-1)^(|S|+1). Hypotheses sharing a
         decision are counted over these sets only: a set nobody accepts holds no mass."""
-        patterns, _ = self.acceptance_patterns
-        seen: set[bytes] = set()
-        subsets: list[np.ndarray] = []
-        for pattern in patterns:
-            members = np.flatnonzero(pattern)
-            for size in range(1, members.size + 1):
-                for chosen in itertools.combinations(members.tolist(), size):
-                    subset = np.zeros(self.n_decisions, dtype=bool)
-                    subset[list(chosen)] = True
-                    key = subset.tobytes()
-                    if key not in seen:
-                        seen.add(key)
-                        subsets.append(subset)
-        stacked = np.array(subsets, dtype=bool).reshape(-1, self.n_decisions)
-        signs = np.where(stacked.sum(axis=1) % 2 == 1, 1.0, -1.0)
-        return stacked, signs
+        subsets = np.unique(np.concatenate([_nonempty_subsets(p) for p in self.acceptance_patterns[0]]), axis=0)
+        signs = np.where(subsets.sum(axis=1) % 2 == 1, 1.0, -1.0)
+        return subsets, signs
 
     @property
     def max_outcomes(self) -> int:
@@ -175,6 +162,32 @@ class CompiledInstance:
                     put(f"{canonical.dtype.str}{canonical.shape}".encode())
                     put(canonical.tobytes())
         return digest.hexdigest()
+
+
+def _nonempty_subsets(pattern: np.ndarray) -> np.ndarray:
+    """Every nonempty subset of the decisions in ``pattern`` (D bool) as rows (2^s − 1 × D)."""
+    members = np.flatnonzero(pattern)
+    masks = np.arange(1, 1 << members.size)
+    chosen = (masks[:, None] >> np.arange(members.size)[None, :]) & 1 == 1
+    subsets = np.zeros((masks.size, pattern.size), dtype=bool)
+    subsets[:, members] = chosen
+    return subsets
+
+
+def check_decision_work(acceptable: np.ndarray, n_tests: int, width: int, max_cells: int) -> None:
+    """HEC keeps, per step, k power sums per (test, outcome) for V and for each set of decisions
+    some hypothesis accepts: at most Σ_patterns (2^|pattern| − 1) sets. Refuse before building
+    them when that many numbers would exceed the cell limit."""
+    patterns = np.unique(acceptable, axis=0)
+    sizes = patterns.sum(axis=1)
+    sets = int(((1 << sizes.astype(np.int64)) - 1).sum())
+    numbers = (1 + sets) * (int(sizes.max()) + 1) * n_tests * width
+    if numbers > max_cells:
+        raise InstanceTooLarge(
+            f"the hec objective on this instance keeps {numbers} numbers per step ({sets} sets of "
+            f"decisions × {int(sizes.max()) + 1} powers × {n_tests} tests × {width} outcomes); the limit is "
+            f"{max_cells} cells (max_cells): fewer overlapping decisions per hypothesis, or fewer tests"
+        )
 
 
 def smallest_uint_dtype(max_value: int) -> np.dtype:
@@ -290,6 +303,8 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
         acceptable=acceptable,
         loss=loss,
     )
+    if acceptable is not None:
+        check_decision_work(acceptable, n_tests, compiled.max_outcomes, max_cells)
     object.__setattr__(compiled, "warnings", tuple(_warnings(compiled)))
     return compiled
 
@@ -427,13 +442,16 @@ def _expand_noisy_copies(matrix, prior, class_index, hypothesis_ids, outcome_lab
 
 
 def _warnings(inst: CompiledInstance) -> list[str]:
-    """Hypotheses of different classes that no test can tell apart (legal, but worth saying)."""
+    """Hypotheses of different classes (decision instances: sharing no acceptable decision)
+    that no test can tell apart (legal, but worth saying)."""
     if inst.outcomes is not None:
         rows = inst.outcomes
     else:
         rows = np.round(inst.likelihood.reshape(inst.n_hypotheses, -1), 12)
     _, group = np.unique(rows, axis=0, return_inverse=True)
     group = group.reshape(-1)
+    if inst.is_decision:
+        return _decision_warnings(inst, group)
     # Groups holding more than one class: sort by (group, class) and look for changes inside groups.
     order = np.lexsort((inst.class_index, group))
     g, c = group[order], inst.class_index[order]
@@ -452,3 +470,17 @@ def _warnings(inst: CompiledInstance) -> list[str]:
 def log_p_min_bound(inst: CompiledInstance) -> float:
     """The paper's Theorem 2 factor 2 ln(1/p_min) + 1."""
     return 2.0 * math.log(1.0 / inst.p_min) + 1.0
+
+
+def _decision_warnings(inst: CompiledInstance, group: np.ndarray) -> list[str]:
+    messages = []
+    for gid in np.unique(group):
+        members = np.flatnonzero(group == gid)
+        if members.size > 1 and not inst.acceptable[members].all(axis=0).any():
+            names = ", ".join(
+                f"'{inst.hypothesis_ids[i]}' ({'/'.join(inst.decision_labels[d] for d in np.flatnonzero(inst.acceptable[i]))})"
+                for i in members[:5])
+            messages.append(f"indistinguishable: no test tells apart {names}, which share no acceptable decision")
+    if len(messages) > 10:
+        messages = messages[:10] + [f"... and {len(messages) - 10} more groups of indistinguishable hypotheses"]
+    return messages

@@ -48,7 +48,10 @@ def region_sets(inst, with_intersections: bool) -> np.ndarray:
 
 
 def power_sums(belief, sets: np.ndarray, powers: int) -> PowerSums:
-    """q_j for j = 1..``powers`` over V ∩ R_S for each row S of ``sets`` (see the module)."""
+    """q_j for j = 1..``powers`` over V ∩ R_S for each row S of ``sets`` (see the module).
+
+    Per acceptance pattern present in V: its (J, N, ℓ) sums by one GEMM per block of rows and
+    outcome, then added to every set S the pattern contains. Memory O(R·J·N·ℓ) for R sets."""
     inst = belief.instance
     patterns, pattern_of = inst.acceptance_patterns
     deterministic = inst.outcomes is not None
@@ -59,20 +62,25 @@ def power_sums(belief, sets: np.ndarray, powers: int) -> PowerSums:
     rows_sorted, weight_sorted, groups_sorted = belief.alive[order], weight[order], groups[order]
     present, starts = np.unique(groups_sorted, return_index=True)
     ends = np.append(starts[1:], groups_sorted.size)
+    # contains[g, r]: pattern g accepts every decision of set r.
+    contains = (patterns[present][:, None, :] | ~sets[None, :, :]).all(axis=2)
     exponents = np.arange(1, powers + 1)[:, None]
-    group_now = np.zeros((present.size, powers))
-    group_after = np.zeros((present.size, powers, n_tests, width))
+    now = np.zeros((len(sets), powers))
+    after = np.zeros((len(sets), powers, n_tests, width))
+    group_after = np.empty((powers, n_tests, width))
     block_rows = max(1, _BLOCK_CELLS // (n_tests * width))
     for g, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
+        group_after[:] = 0.0
+        group_now = np.zeros(powers)
         for block in range(start, end, block_rows):
             stop = min(end, block + block_rows)
             rows = rows_sorted[block:stop]
             scaled = weight_sorted[block:stop][None, :] ** exponents  # (J, rows): a(h)^j
-            group_now[g] += scaled.sum(axis=1)
+            group_now += scaled.sum(axis=1)
             if deterministic:
                 cells = inst.outcomes[rows]
                 for x in range(width):
-                    group_after[g, :, :, x] += scaled @ (cells == x)
+                    group_after[:, :, x] += scaled @ (cells == x)
             else:
                 # (rows, ℓ·N): a GEMV per power on the stored outcome-major likelihoods.
                 likelihood = inst.likelihood_by_outcome[rows].reshape(len(rows), width * n_tests)
@@ -80,11 +88,10 @@ def power_sums(belief, sets: np.ndarray, powers: int) -> PowerSums:
                 for j in range(powers):
                     if j:
                         powered *= likelihood
-                    group_after[g, j] += (scaled[j] @ powered).reshape(width, n_tests).T
-    # A set S of decisions holds the patterns that accept all of S.
-    contains = (patterns[present][None, :, :] | ~sets[:, None, :]).all(axis=2).astype(float)  # (R, G)
-    now = contains @ group_now
-    after = np.tensordot(contains, group_after, axes=1)
+                    group_after[j] += (scaled[j] @ powered).reshape(width, n_tests).T
+        members = np.flatnonzero(contains[g])
+        now[members] += group_now
+        after[members] += group_after
     return PowerSums(now, after, posterior=not deterministic)
 
 
