@@ -68,7 +68,8 @@ def power_sums(belief, sets: np.ndarray, powers: int) -> PowerSums:
     now = np.zeros((len(sets), powers))
     after = np.zeros((len(sets), powers, n_tests, width))
     group_after = np.empty((powers, n_tests, width))
-    block_rows = max(1, _BLOCK_CELLS // (n_tests * width))
+    # Deterministic blocks are compared one outcome at a time; likelihood blocks hold all ℓ.
+    block_rows = max(1, _BLOCK_CELLS // (n_tests * (1 if deterministic else width)))
     for g, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
         group_after[:] = 0.0
         group_now = np.zeros(powers)
@@ -84,10 +85,12 @@ def power_sums(belief, sets: np.ndarray, powers: int) -> PowerSums:
             else:
                 # (rows, ℓ·N): a GEMV per power on the stored outcome-major likelihoods.
                 likelihood = inst.likelihood_by_outcome[rows].reshape(len(rows), width * n_tests)
-                powered = likelihood.copy()
+                powered = likelihood
                 for j in range(powers):
-                    if j:
-                        powered *= likelihood
+                    if j == 1:
+                        powered = likelihood * likelihood
+                    elif j:
+                        np.multiply(powered, likelihood, out=powered)
                     group_after[j] += (scaled[j] @ powered).reshape(width, n_tests).T
         members = np.flatnonzero(contains[g])
         now[members] += group_now

@@ -132,9 +132,9 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
         if not (ec2_gain(stats)[unrun] > ZERO_GAIN).any():
             return stop(StopReason.INDISTINGUISHABLE)
     elif inst.kind == "deterministic":
-        # Undecided, so every split of V cuts a hyperedge: is there an unrun test that splits V?
-        rows = inst.outcomes[belief.alive][:, unrun]
-        if not (rows != rows[:1]).any():
+        # Undecided, so every split of V cuts a hyperedge: does an unrun test split V? The region
+        # sums give p(x) as sums of positive masses, exactly 0 for an outcome nobody in V gives.
+        if not ((stats.p[unrun] > 0).sum(axis=1) >= 2).any():
             return stop(StopReason.INDISTINGUISHABLE)
     if not unrun.any():
         return stop(StopReason.TESTS_EXHAUSTED)
