@@ -33,7 +33,8 @@ def make_instance(n: int, n_tests: int, n_decisions: int, arity: int, kind: str,
     for i, size in enumerate(rng.integers(1, 4, size=n)):
         acceptable[i, rng.choice(n_decisions, size=min(int(size), n_decisions), replace=False)] = True
     first = acceptable.argmax(axis=1)
-    order = np.argsort(first, kind="stable")  # grouped by class, as compile_instance stores them
+    _, pattern = np.unique(acceptable, axis=0, return_inverse=True)
+    order = np.lexsort((pattern.reshape(-1), first))  # by class, then acceptance row, as compiled
     acceptable, first = acceptable[order], first[order]
     prior = rng.random(n) + 0.05
     common = dict(

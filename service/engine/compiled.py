@@ -25,7 +25,8 @@ DEFAULT_MAX_CELLS = 50_000_000
 class CompiledInstance:
     """A problem instance as arrays.
 
-    Hypotheses are stored grouped by class, in their given order within a class.
+    Hypotheses are stored grouped by class, in their given order within a class (decision
+    instances: within a class grouped by acceptance row, then in their given order).
 
     A decision instance also has ``decision_labels`` (D of them) and ``acceptable[h, d]`` (n × D
     bool, every row has a True), plus ``loss[h, d]`` when losses were given. Its classes are the
@@ -279,6 +280,11 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
     # Store hypotheses grouped by class (stable within a class): each class is then a contiguous
     # block of rows, which is what makes the α(i, x) statistics one pass (Belief.outcome_stats).
     order = np.argsort(class_index, kind="stable")
+    if acceptable is not None:
+        # Decision instances: within a class, by acceptance row (stable), so each row's
+        # hypotheses are a contiguous run the region sums read without a copy (regions.py).
+        _, pattern = np.unique(acceptable, axis=0, return_inverse=True)
+        order = np.lexsort((pattern.reshape(-1), class_index))
     class_index, prior = class_index[order], prior[order]
     hypothesis_ids = tuple(hypothesis_ids[i] for i in order)
     if matrix is not None:

@@ -50,51 +50,53 @@ def region_sets(inst, with_intersections: bool) -> np.ndarray:
 def power_sums(belief, sets: np.ndarray, powers: int) -> PowerSums:
     """q_j for j = 1..``powers`` over V ∩ R_S for each row S of ``sets`` (see the module).
 
-    Per acceptance pattern present in V: its (J, N, ℓ) sums by one GEMM per block of rows and
-    outcome, then added to every set S the pattern contains. Memory O(R·J·N·ℓ) for R sets."""
+    Compiled decision instances keep each acceptance pattern's hypotheses in contiguous runs, so
+    this walks the alive rows run by run: a run's (J, N, ℓ) sums by one GEMM per block of rows and
+    outcome (on a view of the stored rows when no hypothesis in the block has died), then added to
+    every set S its pattern contains. Memory O(R·J·N·ℓ) for R sets."""
     inst = belief.instance
     patterns, pattern_of = inst.acceptance_patterns
     deterministic = inst.outcomes is not None
     width, n_tests = inst.max_outcomes, inst.n_tests
+    alive = belief.alive
     weight = belief.mass / belief.mass.sum()
-    groups = pattern_of[belief.alive]
-    order = np.argsort(groups, kind="stable")
-    rows_sorted, weight_sorted, groups_sorted = belief.alive[order], weight[order], groups[order]
-    present, starts = np.unique(groups_sorted, return_index=True)
-    ends = np.append(starts[1:], groups_sorted.size)
+    groups = pattern_of[alive]
+    bounds = np.flatnonzero(np.diff(groups)) + 1
+    starts, ends = np.concatenate(([0], bounds)), np.concatenate((bounds, [alive.size]))
     # contains[g, r]: pattern g accepts every decision of set r.
-    contains = (patterns[present][:, None, :] | ~sets[None, :, :]).all(axis=2)
+    contains = (patterns[:, None, :] | ~sets[None, :, :]).all(axis=2)
     exponents = np.arange(1, powers + 1)[:, None]
     now = np.zeros((len(sets), powers))
     after = np.zeros((len(sets), powers, n_tests, width))
-    group_after = np.empty((powers, n_tests, width))
+    run_after = np.empty((powers, n_tests, width))
     # Deterministic blocks are compared one outcome at a time; likelihood blocks hold all ℓ.
     block_rows = max(1, _BLOCK_CELLS // (n_tests * (1 if deterministic else width)))
-    for g, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
-        group_after[:] = 0.0
-        group_now = np.zeros(powers)
+    for start, end in zip(starts.tolist(), ends.tolist()):
+        run_after[:] = 0.0
+        run_now = np.zeros(powers)
         for block in range(start, end, block_rows):
             stop = min(end, block + block_rows)
-            rows = rows_sorted[block:stop]
-            scaled = weight_sorted[block:stop][None, :] ** exponents  # (J, rows): a(h)^j
-            group_now += scaled.sum(axis=1)
+            first, last = int(alive[block]), int(alive[stop - 1])
+            rows = slice(first, last + 1) if last - first == stop - block - 1 else alive[block:stop]
+            scaled = weight[block:stop][None, :] ** exponents  # (J, rows): a(h)^j
+            run_now += scaled.sum(axis=1)
             if deterministic:
                 cells = inst.outcomes[rows]
                 for x in range(width):
-                    group_after[:, :, x] += scaled @ (cells == x)
+                    run_after[:, :, x] += scaled @ (cells == x)
             else:
                 # (rows, ℓ·N): a GEMV per power on the stored outcome-major likelihoods.
-                likelihood = inst.likelihood_by_outcome[rows].reshape(len(rows), width * n_tests)
+                likelihood = inst.likelihood_by_outcome[rows].reshape(stop - block, width * n_tests)
                 powered = likelihood
                 for j in range(powers):
                     if j == 1:
                         powered = likelihood * likelihood
                     elif j:
                         np.multiply(powered, likelihood, out=powered)
-                    group_after[j] += (scaled[j] @ powered).reshape(width, n_tests).T
-        members = np.flatnonzero(contains[g])
-        now[members] += group_now
-        after[members] += group_after
+                    run_after[j] += (scaled[j] @ powered).reshape(width, n_tests).T
+        members = np.flatnonzero(contains[groups[start]])
+        now[members] += run_now
+        after[members] += run_after
     return PowerSums(now, after, posterior=not deterministic)
 
 
