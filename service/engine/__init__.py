@@ -19,6 +19,7 @@ from .errors import (
     InfeasibleComputation,
     InstanceTooLarge,
     PolicyNotApplicable,
+    StopRuleNotApplicable,
     UnknownOutcome,
     UnknownPolicy,
     UnknownTest,

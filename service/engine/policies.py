@@ -94,6 +94,12 @@ def _per_outcome(stats: OutcomeStats, power: int) -> tuple[np.ndarray, np.ndarra
     return p, np.where(np.isfinite(inverse), inverse, 0.0)
 
 
+def _splitting(stats: OutcomeStats, gain: np.ndarray) -> np.ndarray:
+    """0 for a test with one possible outcome: it cuts nothing, though the alternating sums above
+    may leave round-off of the order of 1e-16 / (remaining share) there."""
+    return np.where((stats.p > 0).sum(axis=1) >= 2, gain, 0.0)
+
+
 def hec_gain(stats: OutcomeStats) -> np.ndarray:
     """HEC (hyperedge cutting): the expected share of the remaining hyperedge weight a test cuts.
 
@@ -113,7 +119,7 @@ def hec_gain(stats: OutcomeStats) -> np.ndarray:
     after = hyperedge_weight(sums.after, signs, k)  # (N, ℓ): W(a_x), unnormalised
     p, inverse = _per_outcome(stats, k)
     kept = p * after * inverse if sums.posterior else p * after
-    return 1.0 - kept.sum(axis=1) / remaining
+    return _splitting(stats, 1.0 - kept.sum(axis=1) / remaining)
 
 
 def direct_gain(stats: OutcomeStats) -> np.ndarray:
@@ -137,7 +143,7 @@ def direct_gain(stats: OutcomeStats) -> np.ndarray:
     ratio = after / now[:, None, None]
     if sums.posterior:
         ratio = ratio * inverse[None]
-    return 1.0 - (p * np.prod(ratio, axis=0)).sum(axis=1)
+    return _splitting(stats, 1.0 - (p * np.prod(ratio, axis=0)).sum(axis=1))
 
 
 POLICIES: dict[str, Policy] = {

@@ -9,7 +9,7 @@ import numpy as np
 
 from .belief import Belief, Observation, observe
 from .compiled import CompiledInstance
-from .errors import PolicyNotApplicable, UnknownPolicy
+from .errors import PolicyNotApplicable, StopRuleNotApplicable, UnknownPolicy
 from .policies import POLICIES, Policy, ec2_gain
 from .regions import decided_by_all, decision_posterior, expected_loss
 
@@ -105,6 +105,8 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     eligible test maximising gain / cost; ties go to the earliest test in instance order."""
     inst = belief.instance
     scores = np.full(inst.n_tests, np.nan)
+    if rules.max_expected_loss is not None and inst.loss is None:
+        raise StopRuleNotApplicable("max_expected_loss needs a decision instance with losses ('loss' or 'loss_matrix')")
 
     def stop(reason: StopReason) -> Decision:
         return Decision(belief, None, reason, scores)
