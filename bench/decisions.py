@@ -14,6 +14,7 @@ beside them for scale. The machine is shared: every number is a median over repe
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -55,14 +56,18 @@ def make_instance(n: int, n_tests: int, n_decisions: int, arity: int, kind: str,
     return engine.CompiledInstance(**common, likelihood=by_outcome.transpose(0, 2, 1))
 
 
-def median_ms(inst: engine.CompiledInstance, policy: str, repeats: int) -> float:
-    engine.next_step(inst, [], policy)  # warm the caches (patterns, decision sets)
-    times = []
+def median_ms(inst: engine.CompiledInstance, policies: list[str], repeats: int) -> list[float]:
+    """Median ms of one step per policy; the policies take turns, so a burst of load on the
+    shared machine falls on all of them alike."""
+    for policy in policies:
+        engine.next_step(inst, [], policy)  # warm the caches (patterns, decision sets)
+    times: dict[str, list[float]] = {policy: [] for policy in policies}
     for _ in range(repeats):
-        started = time.perf_counter()
-        engine.next_step(inst, [], policy)
-        times.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(times)
+        for policy in policies:
+            started = time.perf_counter()
+            engine.next_step(inst, [], policy)
+            times[policy].append((time.perf_counter() - started) * 1e3)
+    return [statistics.median(times[policy]) for policy in policies]
 
 
 def main() -> None:
@@ -72,6 +77,7 @@ def main() -> None:
     parser.add_argument("--decisions", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=11)
     args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"n = {args.n}, N = {args.tests}, D = {args.decisions}; median of {args.repeats} steps (ms)")
     print("| kind | ℓ | patterns | decision sets | k | hec | direct | ec2 / effecxtive on the reduction |")
     print("|---|---|---|---|---|---|---|---|")
@@ -79,8 +85,8 @@ def main() -> None:
         inst = make_instance(args.n, args.tests, args.decisions, arity, kind)
         patterns = len(inst.acceptance_patterns[0])
         sets = len(inst.decision_intersections[0])
-        cells = [f"{median_ms(inst, policy, args.repeats):.1f}" for policy in ("hec", "direct", "ec2"
-                 if kind == "deterministic" else "effecxtive")]
+        policies = ["hec", "direct", "ec2" if kind == "deterministic" else "effecxtive"]
+        cells = [f"{ms:.1f}" for ms in median_ms(inst, policies, args.repeats)]
         print(f"| {kind} | {arity} | {patterns} | {sets} | {inst.hyperedge_order} | " + " | ".join(cells) + " |")
 
 

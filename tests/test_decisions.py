@@ -344,3 +344,19 @@ def test_indistinguishable_hypotheses_sharing_no_decision_are_warned_about():
     assert len(inst.warnings) == 1 and "'h1' (A), 'h3' (B)" in inst.warnings[0]
     payload["hypotheses"][2]["outcomes"] = dict(payload["hypotheses"][1]["outcomes"])  # h3 as h2: B suits both
     assert compile_wire(payload).warnings == ()
+
+
+def test_the_codec_keeps_decisions_and_refuses_tampered_acceptance():
+    from service.store import codec
+    inst = compile_wire(likelihood_toy(loss_tolerance=1))
+    header, body = codec.encode(inst)
+    back = codec.decode(header, body, inst.content_hash)
+    assert back.decision_labels == inst.decision_labels
+    assert np.array_equal(back.acceptable, inst.acceptable) and np.array_equal(back.loss, inst.loss)
+    assert back.content_hash == inst.content_hash
+    tampered = bytearray(body)
+    tampered[-1] ^= 1  # the last array is the acceptance matrix: a 1 becomes 0 or a 0 becomes 1
+    with pytest.raises(codec.CorruptInstance):
+        codec.decode(header, bytes(tampered), inst.content_hash)
+    plain = compile_wire({"tests": [{"id": "t"}], "hypotheses": [{"id": "a", "outcomes": {"t": "0"}}]})
+    assert b"decision_labels" not in codec.encode(plain)[0]  # class instances keep their header
