@@ -360,3 +360,23 @@ def test_the_codec_keeps_decisions_and_refuses_tampered_acceptance():
         codec.decode(header, bytes(tampered), inst.content_hash)
     plain = compile_wire({"tests": [{"id": "t"}], "hypotheses": [{"id": "a", "outcomes": {"t": "0"}}]})
     assert b"decision_labels" not in codec.encode(plain)[0]  # class instances keep their header
+
+
+def test_monte_carlo_accuracy_and_loss_are_those_of_the_reported_decisions():
+    from service.evaluation import evaluate
+    inst = compile_wire(likelihood_toy(tests=[{"id": "q", "outcomes": ["no", "yes"]},
+                                              {"id": "r", "outcomes": ["no", "yes"], "cost": 2}],
+                                       hypotheses=[
+        {"id": "minor", "prior": 0.7, "loss": {"home": 0, "hospital": 1},
+         "likelihoods": {"q": {"no": 0.9, "yes": 0.1}, "r": {"no": 0.7, "yes": 0.3}}},
+        {"id": "major", "prior": 0.3, "loss": {"home": 20, "hospital": 0},
+         "likelihoods": {"q": {"no": 0.2, "yes": 0.8}, "r": {"no": 0.1, "yes": 0.9}}}]))
+    report = evaluate(inst, ["hec", "direct"], samples=300, seed=3)
+    truths = np.random.default_rng(3).choice(inst.n_hypotheses, size=300, p=inst.prior)
+    for result in report.policies:
+        runs = [engine.run_policy(inst, h, engine.POLICIES[result.policy], seed=3, rng=np.random.default_rng([3, i]))
+                for i, h in enumerate(truths.tolist())]
+        chosen = np.array([r.decision for r in runs])
+        assert result.accuracy == pytest.approx(inst.acceptable[truths, chosen].mean())
+        assert result.expected_loss == pytest.approx(inst.loss[truths, chosen].mean())
+        assert 0 < result.accuracy < 1
