@@ -203,7 +203,7 @@ def schema_validator():
     return jsonschema.Draft202012Validator(schema)
 
 
-@pytest.mark.parametrize("name,policy", [("triage", "ec2"), ("gbs_bad", "gbs"), ("noisy", None)])
+@pytest.mark.parametrize("name,policy", [("triage", "ec2"), ("triage", "hec"), ("gbs_bad", "gbs"), ("noisy", None)])
 def test_the_json_tree_validates_against_its_schema(schema_validator, name, policy):
     inst = example(name)
     document = json.loads(trees.export_tree(inst, policy, "json"))
@@ -221,6 +221,27 @@ def test_the_json_tree_validates_against_its_schema(schema_validator, name, poli
     if inst.kind == "likelihood":
         assert document["truncated_at_depth"] == trees.TreeLimits.max_depth
         assert any(leaf["truncated"] for leaf in leaves)
+
+
+def test_decision_trees_label_their_leaves_with_an_acceptable_decision():
+    inst = example("triage")
+    document = json.loads(trees.export_tree(inst, "hec", "json"))
+    assert document["instance"]["decisions"] == list(inst.decision_labels)
+    stack, leaves = [document["root"]], []
+    while stack:
+        node = stack.pop()
+        assert node["decision"] in inst.decision_labels
+        if "branches" in node:
+            stack.extend(b["node"] for b in node["branches"])
+        else:
+            leaves.append(node)
+    for leaf in leaves:
+        alive = [inst.hypothesis_ids.index(h) for h in leaf["hypotheses"]]
+        d = inst.decision_labels.index(leaf["decision"])
+        assert leaf["stop_reason"] == "decided" and inst.acceptable[alive, d].all()
+        assert leaf["decision_posterior"][leaf["decision"]] == pytest.approx(1.0)
+    dot = trees.export_tree(inst, "hec", "dot").decode()
+    assert all(f'label="{leaf["decision"]}' in dot for leaf in leaves)
 
 
 def test_the_schema_rejects_a_malformed_tree(schema_validator):
