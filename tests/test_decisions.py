@@ -380,3 +380,12 @@ def test_monte_carlo_accuracy_and_loss_are_those_of_the_reported_decisions():
         assert result.accuracy == pytest.approx(inst.acceptable[truths, chosen].mean())
         assert result.expected_loss == pytest.approx(inst.loss[truths, chosen].mean())
         assert 0 < result.accuracy < 1
+
+
+def test_http_tree_takes_max_expected_loss(client):
+    instance_id = client.post("/v1/instances", json=likelihood_toy()).get_json()["instance_id"]
+    url = f"/v1/instances/{instance_id}/tree"
+    stopped = client.get(url, query_string={"max_expected_loss": "0.7"}).get_json()
+    assert stopped["root"]["stop_reason"] == "decided" and stopped["root"]["decision"] == "hospital"
+    assert client.get(url, query_string={"max_expected_loss": "0"}).status_code == 200
+    assert client.get(url, query_string={"max_expected_loss": "-1"}).status_code == 400

@@ -226,7 +226,7 @@ def evaluate(
         n_classes=inst.n_classes,
         p_min=inst.p_min,
         rules={"max_tests": rules.max_tests, "max_cost": rules.max_cost,
-               "confidence": rules.effective_confidence(inst)},
+               "confidence": rules.effective_confidence(inst), "max_expected_loss": rules.max_expected_loss},
         seed=seed,
         policies=results,
         optimum=opt,

@@ -91,7 +91,7 @@ def build_tree(
         # Keep the confidence the policy would run with: capping max_tests alone would switch
         # off the likelihood default (StopRules.effective_confidence), changing the policy.
         rules = StopRules(max_tests=cut, max_cost=rules.max_cost,
-                          confidence=rules.effective_confidence(inst))
+                          confidence=rules.effective_confidence(inst), max_expected_loss=rules.max_expected_loss)
     try:
         tree = policy_tree(inst, resolved, rules, seed, max_nodes=limits.max_nodes)
     except InfeasibleComputation as error:
@@ -161,7 +161,8 @@ def tree_to_dict(inst: CompiledInstance, tree: TreeNode, policy: str, rules: Sto
             "n_tests": inst.n_tests,
         },
         "rules": {"max_tests": rules.max_tests, "max_cost": rules.max_cost,
-                  "confidence": rules.effective_confidence(inst)},
+                  "confidence": rules.effective_confidence(inst),
+                  **({} if rules.max_expected_loss is None else {"max_expected_loss": rules.max_expected_loss})},
         "truncated_at_depth": cut,
         "summary": {
             "nodes": sum(1 for _ in tree.nodes()),
