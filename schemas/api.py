@@ -103,6 +103,8 @@ class InstanceSummary(_Response):
     n_tests: int
     n_classes: int
     warnings: list[str]
+    # Decision instances only: the decision ids, in order (n_classes counts the reduction's classes).
+    decisions: list[str] | None = None
 
 
 class NextTest(_Response):

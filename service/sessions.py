@@ -64,7 +64,8 @@ class SessionResult:
 
 def instance_summary(inst: engine.CompiledInstance) -> InstanceSummary:
     return InstanceSummary(instance_id=inst.content_hash, kind=inst.kind, n_hypotheses=inst.n_hypotheses,
-                           n_tests=inst.n_tests, n_classes=inst.n_classes, warnings=list(inst.warnings))
+                           n_tests=inst.n_tests, n_classes=inst.n_classes, warnings=list(inst.warnings),
+                           decisions=list(inst.decision_labels) if inst.is_decision else None)
 
 
 class _StepCache:

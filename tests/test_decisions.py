@@ -276,6 +276,13 @@ def test_the_base_decision_payloads_are_valid():
 # --- over HTTP ----------------------------------------------------------------------------------
 
 
+def test_the_instance_summary_lists_the_decisions(client):
+    summary = client.post("/v1/instances", json=toy()).get_json()
+    assert summary["decisions"] == ["A", "B"] and summary["n_classes"] == 2
+    plain = {"tests": [{"id": "t"}], "hypotheses": [{"id": "a", "outcomes": {"t": "0"}}]}
+    assert "decisions" not in client.post("/v1/instances", json=plain).get_json()
+
+
 def test_a_decision_session_reports_the_decision_and_stops_decided(client):
     created = client.post("/v1/sessions", json={"instance": toy()})
     assert created.status_code == 201

@@ -57,7 +57,7 @@ def body_of(model: BaseModel) -> dict[str, Any]:
     ``errors``, the decision fields of a class instance, a decision's ``expected_loss`` without
     losses) are left out rather than written as null."""
     data = model.model_dump()
-    for optional in ("candidates", "errors", "decision", "decision_posterior"):
+    for optional in ("candidates", "errors", "decision", "decision_posterior", "decisions"):
         if optional in data and data[optional] is None:
             del data[optional]
     if isinstance(data.get("decision"), dict) and data["decision"].get("expected_loss") is None:
