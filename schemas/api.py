@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, model_validator
 
 from .instance import Instance, Label
 
@@ -65,18 +65,29 @@ class ObservationsRequest(_Request):
         return [(self.test, self.outcome)]  # type: ignore[list-item]
 
 
+# The stop rules and the seed, defined once: every request that takes them (sessions, select,
+# evaluate) refuses the same values ("max_cost": "5" and "confidence": true are 422 everywhere).
+MaxTests = Annotated[StrictInt, Field(ge=0)]
+MaxCost = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]  # strict: numbers only, ints kept
+Confidence = Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)]
+Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
+PolicyName = Annotated[str, Field(min_length=1, max_length=64)]
+MaxExpectedLoss = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]  # a loss may be 0
+MAX_EVALUATED_POLICIES = 10
+
+
 class StepConfig(_Request):
     """What a session (or a stateless select) runs: the instance, the policy and the stop rules."""
 
     instance_id: InstanceId | None = None
     instance: Instance | None = None
-    policy: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    max_tests: Annotated[StrictInt, Field(ge=0)] | None = None
-    max_cost: Annotated[StrictFloat | StrictInt, Field(gt=0, allow_inf_nan=False)] | None = None
-    confidence: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
-    seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] = 0
+    policy: PolicyName | None = None
+    max_tests: MaxTests | None = None
+    max_cost: MaxCost | None = None
+    confidence: Confidence | None = None
+    seed: Seed = 0
     # Decision instances with losses: decided once the least expected loss is at most this.
-    max_expected_loss: Annotated[StrictFloat | StrictInt, Field(ge=0, allow_inf_nan=False)] | None = None
+    max_expected_loss: MaxExpectedLoss | None = None
 
     @model_validator(mode="after")
     def _one_instance(self) -> StepConfig:
@@ -91,6 +102,19 @@ class SessionCreate(StepConfig):
 
 class SelectRequest(StepConfig):
     observations: list[ObservationIn] = Field(default_factory=list, max_length=MAX_OBSERVATIONS_PER_REQUEST)
+
+
+class EvaluateRequest(_Request):
+    """``POST /v1/instances/{id}/evaluate``: which policies, under which stop rules."""
+
+    policies: Annotated[list[PolicyName], Field(min_length=1, max_length=MAX_EVALUATED_POLICIES)] | None = None
+    max_tests: MaxTests | None = None
+    max_cost: MaxCost | None = None
+    confidence: Confidence | None = None
+    max_expected_loss: MaxExpectedLoss | None = None
+    samples: Annotated[StrictInt, Field(ge=1)] = 2000
+    seed: Seed = 0
+    optimum: StrictBool = True
 
 
 # --- responses ------------------------------------------------------------------------------

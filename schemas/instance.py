@@ -17,7 +17,10 @@ problem with the JSON path of its place, e.g. ``hypotheses[3].outcomes.ecg``.
 
 from __future__ import annotations
 
+import itertools
 import math
+import sys
+from collections import Counter
 from typing import Annotated, Any
 
 from pydantic import (
@@ -37,6 +40,17 @@ LIKELIHOOD_TOLERANCE = 1e-6
 # so one hypothesis may accept at most this many; the number of decisions is bounded the same way.
 MAX_DECISIONS = 32
 MAX_ACCEPTABLE_PER_HYPOTHESIS = 12
+# A positive prior below this share of the total is refused: the engine's gains are computed
+# with an absolute round-off near 1e-16 and a zero tolerance of 1e-12 (service/engine/select.py),
+# so a hypothesis this light would be invisible to every policy (docs/engine.md).
+MIN_PRIOR_SHARE = 1e-9
+# Costs below the smallest normal float make gain / cost overflow (1 / 1e-320 is inf), and
+# costs summing past MAX_TOTAL_COST would overflow a sum of sampled run costs (evaluation).
+MIN_COST = sys.float_info.min
+MAX_TOTAL_COST = 1e300
+# Each rule reports at most this many problems: the first ones say enough, and a hostile body
+# must not make a megabyte of errors.
+MAX_PROBLEMS = 50
 
 
 def _label_from_int(value: Any) -> Any:
@@ -162,7 +176,23 @@ def validate_instance_rules(inst: Instance) -> list[Problem]:
         problems += _check_columnar(inst)
     problems += _check_noise(inst)
     problems += _check_decisions(inst)
-    return problems
+    return problems[:MAX_PROBLEMS]
+
+
+def _total(values) -> float:
+    """The exact sum rounded once, or inf when it is beyond the largest float."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.inf
+
+
+def _labels_in_message(labels: set[str] | list[str]) -> str:
+    """A test's outcome labels for an error message: sorted when few, the first ten otherwise
+    (a hostile test may list thousands, and each problem names them)."""
+    if len(labels) <= 10:
+        return repr(sorted(labels))
+    return repr(list(itertools.islice(labels, 10)))[:-1] + ", ...]"
 
 
 def _check_tests(inst: Instance) -> list[Problem]:
@@ -172,16 +202,22 @@ def _check_tests(inst: Instance) -> list[Problem]:
         if test.id in seen:
             problems.append((("tests", i, "id"), f"duplicate test id '{test.id}' (also tests[{seen[test.id]}])"))
         seen.setdefault(test.id, i)
-        if not _finite(test.cost) or test.cost <= 0:
-            problems.append((("tests", i, "cost"), "cost must be a finite number > 0"))
+        if not _finite(test.cost) or test.cost < MIN_COST:
+            problems.append((("tests", i, "cost"), f"cost must be a finite number >= {MIN_COST:.17g} (> 0)"))
         if test.outcomes is not None:
             if not test.outcomes:
                 problems.append((("tests", i, "outcomes"), "a test needs at least one outcome"))
-            dupes = sorted({o for o in test.outcomes if test.outcomes.count(o) > 1})
+            # Counted once (linear): a list.count per label is quadratic in a hostile list.
+            dupes = [label for label, count in Counter(test.outcomes).items() if count > 1]
             if dupes:
-                problems.append((("tests", i, "outcomes"), f"duplicate outcome labels {dupes}"))
+                problems.append((("tests", i, "outcomes"), f"duplicate outcome labels {_labels_in_message(dupes)}"))
         if test.error_rate is not None and not (_finite(test.error_rate) and 0 <= test.error_rate < 1):
             problems.append((("tests", i, "error_rate"), "error_rate must be in [0, 1)"))
+        if len(problems) > MAX_PROBLEMS:
+            return problems
+    if not problems and not _total(float(t.cost) for t in inst.tests) <= MAX_TOTAL_COST:
+        problems.append((("tests",), f"the costs sum to more than {MAX_TOTAL_COST:g}; scale them (and "
+                                     "max_cost) down"))
     return problems
 
 
@@ -190,8 +226,23 @@ def _check_prior_values(values: list[tuple[Loc, float]], where: Loc) -> list[Pro
     for loc, p in values:
         if not _finite(p) or p < 0:
             problems.append((loc, "prior must be a finite number >= 0"))
-    if values and not problems and sum(p for _, p in values) <= 0:
-        problems.append((where, "priors are all zero; at least one must be positive"))
+            if len(problems) > MAX_PROBLEMS:
+                return problems
+    if not values or problems:
+        return problems
+    total = _total(float(p) for _, p in values)
+    if not math.isfinite(total):
+        return [(where, "the priors sum to more than the largest float; scale them down "
+                        "(only their ratios matter)")]
+    if total <= 0:
+        return [(where, "priors are all zero; at least one must be positive")]
+    for loc, p in values:
+        if 0 < p < MIN_PRIOR_SHARE * total:
+            problems.append((loc, f"prior is {p / total:.3g} of the total, below the smallest share "
+                                  f"{MIN_PRIOR_SHARE:g} the engine can tell from round-off; give 0 "
+                                  "(impossible) or a larger value"))
+            if len(problems) > MAX_PROBLEMS:
+                break
     return problems
 
 
@@ -199,9 +250,11 @@ def _check_likelihood_row(row: dict[str, float], loc: Loc, allowed: set[str] | N
     problems: list[Problem] = []
     for label, p in row.items():
         if allowed is not None and label not in allowed:
-            problems.append(((*loc, label), f"'{label}' is not one of the test's outcomes {sorted(allowed)}"))
+            problems.append(((*loc, label), f"'{label}' is not one of the test's outcomes {_labels_in_message(allowed)}"))
         if not _finite(p) or p < 0:
             problems.append(((*loc, label), "a likelihood must be a finite number >= 0"))
+        if len(problems) > MAX_PROBLEMS:
+            return problems
     if not problems and abs(sum(row.values()) - 1.0) > LIKELIHOOD_TOLERANCE:
         problems.append((loc, f"likelihoods sum to {sum(row.values()):.9g}, not 1"))
     return problems
@@ -231,7 +284,8 @@ def _check_hypotheses(inst: Instance) -> list[Problem]:
                 problems.append(((*here, "outcomes", t), f"unknown test id '{t}'"))
             elif outcomes_of[t] is not None and label not in outcomes_of[t]:
                 problems.append(
-                    ((*here, "outcomes", t), f"'{label}' is not one of the test's outcomes {sorted(outcomes_of[t])}")
+                    ((*here, "outcomes", t),
+                     f"'{label}' is not one of the test's outcomes {_labels_in_message(outcomes_of[t])}")
                 )
         for t, row in likelihoods.items():
             if t not in outcomes_of:
@@ -244,6 +298,8 @@ def _check_hypotheses(inst: Instance) -> list[Problem]:
             if t not in outcomes and t not in likelihoods:
                 field = "likelihoods" if likelihoods and not outcomes else "outcomes"
                 problems.append(((*here, field, t), f"no outcome given for test '{t}'"))
+        if len(problems) > MAX_PROBLEMS:
+            break
     return problems
 
 
@@ -276,8 +332,8 @@ def _check_columnar(inst: Instance) -> list[Problem]:
                 if sizes[j] is not None and any(p != 0 for p in cell[sizes[j]:]):
                     problems.append(((name, i, j), f"test '{inst.tests[j].id}' has only {sizes[j]} outcomes; the rest must be 0"))
                 problems += _check_likelihood_row(dict(enumerate(map(float, cell))), (name, i, j), None)  # type: ignore[arg-type]
-        if len(problems) > 50:
-            break  # the first fifty say enough; do not build a megabyte of errors
+        if len(problems) > MAX_PROBLEMS:
+            break
     for field in ("classes", "priors", "hypothesis_ids"):
         values = getattr(inst, field)
         if values is not None and len(values) != n:
@@ -301,8 +357,10 @@ def _check_noise(inst: Instance) -> list[Problem]:
         problems.append((("noise",), "noise must be in [0, 1)"))
     has_likelihoods = inst.likelihood_matrix is not None or any(h.likelihoods for h in inst.hypotheses or [])
     if inst.max_flips is not None:
-        if inst.max_flips < 0:
-            problems.append((("max_flips",), "max_flips must be >= 0"))
+        # Past N nothing changes (a copy cannot flip more tests than there are), so a larger
+        # value is a mistake, and refusing it here keeps every later loop bounded by N.
+        if not 0 <= inst.max_flips <= len(inst.tests):
+            problems.append((("max_flips",), f"max_flips must be between 0 and the number of tests ({len(inst.tests)})"))
         if has_likelihoods:
             problems.append((("max_flips",), "max_flips expands deterministic outcomes; it cannot apply to likelihoods"))
     if has_likelihoods and (inst.noise or any(t.error_rate for t in inst.tests)):

@@ -32,7 +32,8 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
     if store is None:
         store = create_store(settings.redis_url, session_ttl=settings.session_ttl, key_prefix=settings.key_prefix,
                              instance_cache_bytes=settings.instance_cache_bytes)
-    domain = Sessions(store, session_ttl=settings.session_ttl, max_cells=settings.max_cells)
+    domain = Sessions(store, session_ttl=settings.session_ttl, max_cells=settings.max_cells,
+                      max_compiled_bytes=settings.max_compiled_bytes)
     app.extensions[EXTENSION] = Services(settings=settings, store=store, sessions=domain)
 
     register_problems(app, retry_after_seconds=settings.retry_after_seconds)

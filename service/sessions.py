@@ -98,17 +98,19 @@ class Sessions:
     """Instances and sessions over one :class:`SessionStore`."""
 
     def __init__(self, store: SessionStore, *, session_ttl: int, max_cells: int,
+                 max_compiled_bytes: int,
                  clock: Callable[[], float] = time.time):
         self.store = store
         self.session_ttl = session_ttl
         self.max_cells = max_cells
+        self.max_compiled_bytes = max_compiled_bytes
         self.clock = clock
         self._steps = _StepCache()
 
     # --- instances ----------------------------------------------------------------------
 
     def compile(self, instance: Instance) -> engine.CompiledInstance:
-        return engine.compile_instance(instance, max_cells=self.max_cells)
+        return engine.compile_instance(instance, max_cells=self.max_cells, max_bytes=self.max_compiled_bytes)
 
     def register_instance(self, instance: Instance, tenant: str = DEFAULT_TENANT) -> tuple[InstanceSummary, bool]:
         """Compile and store under the content hash; True when it was not stored before."""

@@ -32,7 +32,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description=(
         "larger request bodies are 413 `body-too-large` before they are parsed"))
     max_cells: int = Field(default=50_000_000, ge=1, description=(
-        "largest n·N of an instance, counted before any array is built (413 `instance-too-large`)"))
+        "numbers in the compiled tensor: n·N outcomes, n·N·ℓ likelihoods (given, or made by `noise`), "
+        "copies·N after `max_flips`; counted before any array is built (413 `instance-too-large`)"))
+    max_compiled_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description=(
+        "bytes of the compiled instance, its arrays and labels, counted before any array is built "
+        "(413 `instance-too-large`); compiling holds about twice this for a moment"))
     log_level: LogLevel = Field(default="INFO", description="`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`")
     log_format: LogFormat = Field(default="json", description=(
         "`json`: one JSON object per line on stderr (time, level, logger, message, request id, method, path, "

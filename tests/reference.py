@@ -267,7 +267,8 @@ def decide(model: Model, observations: list[Observation], policy: str, max_tests
     if not unrun:
         return Choice(None, "tests_exhausted", none)
     spent = sum(model.costs[t] for t in ran)
-    eligible = [t for t in unrun if max_cost is None or model.costs[t] <= max_cost - spent + 1e-12]
+    # Within relative 1e-12 of the budget: round-off of the sum, not an overrun.
+    eligible = [t for t in unrun if max_cost is None or spent + model.costs[t] <= max_cost * (1 + 1e-12)]
     if not eligible:
         return Choice(None, "budget_exhausted", none)
     gain_of = GAINS[policy]

@@ -6,6 +6,7 @@ of the instance parser and the observation endpoint: nothing but validation erro
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,10 @@ from service.engine import EngineError, compile_instance
 from snapshots import snapshot
 
 LIMITS = {"max_body_bytes": 64 * 1024, "max_observations_per_request": 50, "max_classes": 8,
-          "max_cells": 10_000, "max_json_depth": 32}
+          "max_cells": 10_000, "max_json_depth": 32, "max_compiled_bytes": 50_000,
+          "evaluation_time_limit": 0.0}
+# Every refusal comes within this many seconds (issue 9: no request, however small, holds a worker).
+ANSWER_SECONDS = 2.0
 JSON = "application/json"
 
 
@@ -175,6 +179,37 @@ CATALOGUE = [
         {"test": "mri", "outcome": "x"}]}, 422, "unknown-test"),
     Bad("select: contradictory observations", "/v1/select", {"instance": QUAD, "observations": [
         {"test": "a", "outcome": "0"}, {"test": "c", "outcome": "1"}]}, 409, "inconsistent"),
+    # --- sizes counted before anything is built; values every later use would fail on -------
+    Bad("max_flips 2^63-1", "/v1/instances", {**COLUMNAR, "max_flips": 2**63 - 1}),
+    Bad("max_flips beyond the number of tests", "/v1/instances", {**COLUMNAR, "max_flips": 1_000_000}),
+    Bad("max_flips copies over MAX_CELLS", "/v1/instances", {
+        "tests": [{"id": f"t{j}", "outcomes": ["0", "1"]} for j in range(30)], "classes": ["x", "y"],
+        "matrix": [[0] * 30, [1] * 30], "max_flips": 30}, 413, "instance-too-large"),
+    Bad("noise over many labels: n·N·ℓ over MAX_CELLS", "/v1/instances", {
+        "tests": [{"id": f"t{j}", "outcomes": [f"o{k}" for k in range(200)]} for j in range(10)],
+        "classes": ["x", "y"] * 5, "matrix": [[(i + j) % 200 for j in range(10)] for i in range(10)],
+        "noise": 0.1}, 413, "instance-too-large"),
+    Bad("compiled bytes over MAX_COMPILED_BYTES", "/v1/instances", {
+        "tests": [{"id": f"t{j}", "outcomes": [f"o{k}" for k in range(20)]} for j in range(20)],
+        "classes": ["x", "y"] * 10, "matrix": [[(i + j) % 20 for j in range(20)] for i in range(20)],
+        "noise": 0.1}, 413, "instance-too-large"),
+    Bad("12 000 duplicated outcome labels", "/v1/instances", {
+        "tests": [{"id": "t", "outcomes": ["a", "b"] * 6_000}], "classes": ["x"], "matrix": [[0]]}),
+    Bad("priors whose sum overflows", "/v1/instances", {**TRIAGE, "hypotheses": [
+        {**h, "prior": 1e308} for h in TRIAGE["hypotheses"]]}),
+    Bad("a prior too small to tell from round-off", "/v1/instances", {**COLUMNAR, "priors": [1, 1e-13]}),
+    Bad("subnormal cost", "/v1/instances", _instance(tests=[{"id": "ecg", "cost": 1e-320}, {"id": "troponin"}])),
+    Bad("costs whose sum overflows", "/v1/instances", _instance(tests=[{"id": "ecg", "cost": 1e308},
+                                                                       {"id": "troponin", "cost": 1e308}])),
+    Bad("repeated key in an outcome map", "/v1/instances",
+        orjson.dumps(TRIAGE).replace(b'"ecg":"abnormal"', b'"ecg":"normal","ecg":"abnormal"', 1)),
+    Bad("repeated key in an observation", OBS, b'{"test": "ecg", "test": "troponin", "outcome": "low"}'),
+    Bad("evaluate: max_cost as a string", "/v1/instances/{iid}/evaluate", {"max_cost": "5"}),
+    Bad("evaluate: confidence true", "/v1/instances/{iid}/evaluate", {"confidence": True}),
+    Bad("evaluate past EVALUATION_TIME_LIMIT", "/v1/instances/{iid}/evaluate", {"policies": ["ec2"]}, 422,
+        "evaluation-limit"),
+    Bad("tree past EVALUATION_TIME_LIMIT", "/v1/instances/{iid}/tree?policy=ec2", None, 422, "evaluation-limit",
+        method="get"),
     # --- routes ----------------------------------------------------------------------------
     Bad("unknown route", "/v1/sessions/{sid}/undo", {}, 404, "not-found"),
     Bad("wrong method", "/v1/instances", None, 405, "method-not-allowed", method="put"),
@@ -223,9 +258,12 @@ def test_each_bad_request_is_refused_and_changes_nothing(guarded, bad):
     path = bad.path.format(**ids)
     data = bad.body if isinstance(bad.body, bytes) else orjson.dumps(_fill(bad.body, ids))
     before = snapshot(app)
-    response = getattr(client, bad.method)(path, data=None if bad.method in ("put", "delete") else data,
+    started = time.monotonic()
+    response = getattr(client, bad.method)(path, data=None if bad.method in ("put", "delete", "get") else data,
                                            content_type=bad.content_type, headers=bad.headers)
+    elapsed = time.monotonic() - started
     assert_problem(response, bad.status, bad.code)
+    assert elapsed < ANSWER_SECONDS, f"{bad.name} took {elapsed:.2f} s"
     assert snapshot(app) == before, f"{bad.name} changed what is stored"
 
 

@@ -243,6 +243,26 @@ def test_ping_answers_when_the_store_is_up(store_env):
     store_env.make().ping()
 
 
+def test_ping_fails_when_the_store_cannot_answer(store_env, monkeypatch):
+    store = store_env.make()
+    if store_env.kind == "redis":
+        from conftest import free_port
+
+        nobody = RedisStore(f"redis://127.0.0.1:{free_port()}/0", session_ttl=60, key_prefix="nobody")
+        with pytest.raises(StoreUnavailable):
+            nobody.ping()
+        nobody.close()
+        return
+    # The memory store is wedged when an operation holds its lock: ping must say so, not wait.
+    from service.store import memory
+
+    monkeypatch.setattr(memory, "PING_TIMEOUT", 0.05)
+    with store._lock:
+        with pytest.raises(StoreUnavailable):
+            store.ping()
+    store.ping()
+
+
 # --- Codec: the bytes Redis holds --------------------------------------------------------------
 
 

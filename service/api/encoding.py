@@ -9,6 +9,7 @@ and 422.
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypeVar
 
 import orjson
@@ -97,6 +98,7 @@ def parse_body(model: type[Model]) -> Model:
     except orjson.JSONDecodeError as error:
         raise MalformedJson(f"the body is not valid JSON: {error}") from None
     check_depth(raw)  # before the wire model walks it (service/api/limits.py)
+    refuse_duplicate_keys(raw, data)
     try:
         parsed = model.model_validate(data)
     except ValidationError as error:
@@ -104,6 +106,45 @@ def parse_body(model: type[Model]) -> Model:
         raise RequestValidationFailed(f"the request body has {len(errors)} problem(s)", errors) from None
     check_request(parsed)  # the worker-protecting limits, before any array is built
     return parsed
+
+
+class _Repeated(dict):
+    """An object of the body that repeats ``key`` (made only while locating the repetition)."""
+
+    key: str
+
+
+def _keep_repeats(pairs: list[tuple[str, Any]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    repeated = _Repeated(obj)
+    repeated.key = next(key for key, _ in pairs if key in seen or seen.add(key))
+    return repeated
+
+
+def refuse_duplicate_keys(raw: bytes, data: Any) -> None:
+    """422 naming the first repeated object key (orjson would silently keep the last value).
+
+    Cheap test first: every key is followed by one ':' and orjson never escapes ':', so when the
+    parsed data, written back, has as many colons as the body (counting each ``\\u003a`` escape
+    as one) no key was dropped. Otherwise the body is parsed again, slowly, to find the key."""
+    colons = raw.count(b":") + raw.count(b"\\u003a") + raw.count(b"\\u003A")
+    if colons == 0 or dumps(data).count(b":") >= colons:
+        return
+    found = json.loads(raw, object_pairs_hook=_keep_repeats)
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), found)]
+    while stack:
+        loc, value = stack.pop()
+        if isinstance(value, _Repeated):
+            path = json_path((*loc, value.key))
+            raise RequestValidationFailed("the request body repeats a key", [
+                {"path": path, "message": f"duplicate key '{value.key}': which value is meant is ambiguous"}])
+        if isinstance(value, dict):
+            stack.extend(((*loc, key), item) for key, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend(((*loc, i), item) for i, item in reversed(list(enumerate(value))))
 
 
 class InvalidParameter(ServiceError):

@@ -11,11 +11,9 @@ is never held beyond it. Deterministic evaluations are exact and fast (a tree wa
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from flask import Blueprint, Response, request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from schemas.api import EvaluateRequest
 from service import engine
 from service.errors import ServiceError
 from service.evaluation import EvaluationLimits, evaluate
@@ -27,24 +25,10 @@ from .encoding import InvalidParameter, json_response, parse_body
 bp = Blueprint("evaluation", __name__, url_prefix="/v1/instances")
 
 TREE_FORMATS = ("json", "dot", "svg", "png")
-MAX_POLICIES = 10
 
 
 class GraphvizUnavailable(ServiceError):
     code = "graphviz-missing"
-
-
-class EvaluateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    policies: Annotated[list[str], Field(min_length=1, max_length=MAX_POLICIES)] | None = None
-    max_tests: Annotated[StrictInt, Field(ge=0)] | None = None
-    max_cost: Annotated[float, Field(gt=0)] | None = None
-    confidence: Annotated[float, Field(gt=0, le=1)] | None = None
-    max_expected_loss: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    samples: Annotated[StrictInt, Field(ge=1)] = 2000
-    seed: Annotated[StrictInt, Field(ge=0)] = 0
-    optimum: StrictBool = True
 
 
 @bp.post("/<instance_id>/evaluate")
@@ -76,7 +60,8 @@ def tree(instance_id: str) -> Response:
         max_expected_loss=_float_arg("max_expected_loss"))
     settings = services().settings
     limits = trees.TreeLimits(max_nodes=settings.tree_max_nodes, max_depth=settings.tree_max_depth,
-                              render_timeout=settings.evaluation_time_limit)
+                              render_timeout=settings.evaluation_time_limit,
+                              time_limit=settings.evaluation_time_limit)
     depth = _int_arg("depth")
     if depth is not None and depth > limits.max_depth:
         raise engine.InfeasibleComputation(f"depth must be at most {limits.max_depth} (tree_max_depth)")

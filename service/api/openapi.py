@@ -20,6 +20,7 @@ from service import __version__
 
 from schemas.api import (
     MAX_OBSERVATIONS_PER_REQUEST,
+    EvaluateRequest,
     InstanceSummary,
     ObservationsRequest,
     Problem,
@@ -30,7 +31,7 @@ from schemas.api import (
 )
 from schemas.instance import LABEL_MAX_LENGTH, Instance
 
-from .evaluation import TREE_FORMATS, EvaluateRequest
+from .evaluation import TREE_FORMATS
 from .problems import PROBLEMS, TYPE_PREFIX
 
 REF = "#/components/schemas/{model}"

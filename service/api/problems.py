@@ -52,7 +52,8 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "precondition-failed": (412, "Precondition failed", "`If-Match` names a stale version"),
     "body-too-large": (413, "Request body too large", "the body is over `MAX_BODY_BYTES`"),
     "instance-too-large": (413, "Instance too large",
-                           "n·N over `MAX_CELLS` (or a `max_flips` expansion over it)"),
+                           "the compiled tensor (n·N, n·N·ℓ with likelihoods or `noise`, copies·N with "
+                           "`max_flips`) over `MAX_CELLS`, or its bytes over `MAX_COMPILED_BYTES`"),
     "unsupported-media-type": (415, "Unsupported media type",
                                "the body is not `application/json` (or `application/*+json`)"),
     "limit-exceeded": (413, "Over a service limit", "over a `MAX_*` limit, named in `detail`"),

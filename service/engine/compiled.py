@@ -19,6 +19,10 @@ from schemas.instance import Instance
 from .errors import InstanceTooLarge
 
 DEFAULT_MAX_CELLS = 50_000_000
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+# What one label costs in a tuple of Python strings: the str header (49 bytes for ASCII), its
+# characters, and the tuple's pointer, rounded up.
+LABEL_OVERHEAD_BYTES = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,9 +156,14 @@ class CompiledInstance:
             put("\x1f".join(labels).encode())
         for array in (self.costs, self.class_index.astype("<i8"), self.prior, self.outcomes, self.likelihood):
             if array is not None:
-                canonical = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-                put(f"{canonical.dtype.str}{canonical.shape}".encode())
-                put(canonical.tobytes())
+                dtype = array.dtype.newbyteorder("<")
+                put(f"{dtype.str}{array.shape}".encode())
+                # The C-order bytes, a block of rows at a time: the likelihood is stored
+                # outcome-major, and one contiguous copy of it would double the memory.
+                digest.update((array.size * array.itemsize).to_bytes(8, "little"))
+                rows = max(1, (1 << 20) // max(1, array[:1].nbytes))
+                for start in range(0, max(len(array), 1), rows):
+                    digest.update(np.ascontiguousarray(array[start:start + rows], dtype=dtype).data)
         if self.is_decision:  # class instances hash as they always did
             put("\x1f".join(self.decision_labels).encode())
             for array in (self.acceptable.astype("|u1"), self.loss):
@@ -198,13 +207,18 @@ def smallest_uint_dtype(max_value: int) -> np.dtype:
     return np.dtype(np.uint64)
 
 
-def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> CompiledInstance:
-    """Turn a validated wire instance into arrays (the one place where labels become indices)."""
+def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
+                     max_bytes: int = DEFAULT_MAX_BYTES) -> CompiledInstance:
+    """Turn a validated wire instance into arrays (the one place where labels become indices).
+
+    Refuses (:class:`InstanceTooLarge`) before allocating when the compiled tensor would hold
+    more than ``max_cells`` numbers — n·N outcomes, n·N·ℓ likelihoods (given, or made from
+    ``noise``), n·(copies)·N after ``max_flips`` — or the instance would take more than
+    ``max_bytes`` (arrays and labels; building it holds about twice that for a moment)."""
     test_ids = tuple(t.id for t in instance.tests)
     n_tests = len(test_ids)
     n = instance.n_hypotheses
-    if n * n_tests > max_cells:
-        raise InstanceTooLarge(f"instance has {n}×{n_tests} = {n * n_tests} cells; the limit is {max_cells}")
+    _check_size(n, n_tests, 1, 1, max_cells, max_bytes, "the instance")
 
     decision_labels, acceptable, loss = _decision_arrays(instance)
     if instance.hypotheses is not None:
@@ -213,33 +227,43 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
         classes = [h.class_ if h.class_ is not None else h.id for h in hyps]
         raw_prior = [h.prior for h in hyps] if hyps[0].prior is not None else None
         outcome_labels = _per_hypothesis_outcome_labels(instance)
+        positions = [{label: k for k, label in enumerate(labels)} for labels in outcome_labels]
+        width = max(len(o) for o in outcome_labels)
         deterministic = not any(h.likelihoods for h in hyps)
         if deterministic:
             matrix = np.array(
-                [[outcome_labels[j].index(h.outcomes[t]) for j, t in enumerate(test_ids)] for h in hyps],
-                dtype=np.int64,
+                [[positions[j][h.outcomes[t]] for j, t in enumerate(test_ids)] for h in hyps],
+                dtype=smallest_uint_dtype(width),
             ).reshape(n, n_tests)
             likelihood = None
         else:
             matrix = None
-            likelihood = np.zeros((n, n_tests, max(len(o) for o in outcome_labels)))
+            _check_size(n, n_tests, width, 8, max_cells, max_bytes, "the likelihood tensor")
+            likelihood = np.zeros((n, n_tests, width))
             for i, h in enumerate(hyps):
                 for j, t in enumerate(test_ids):
                     if h.outcomes and t in h.outcomes:
-                        likelihood[i, j, outcome_labels[j].index(h.outcomes[t])] = 1.0
+                        likelihood[i, j, positions[j][h.outcomes[t]]] = 1.0
                     else:
                         for label, p in h.likelihoods[t].items():
-                            likelihood[i, j, outcome_labels[j].index(label)] = p
+                            likelihood[i, j, positions[j][label]] = p
     else:
         hypothesis_ids = tuple(instance.hypothesis_ids or (str(i) for i in range(n)))
         classes = list(instance.classes) if instance.classes is not None else []
         raw_prior = instance.priors
         if instance.matrix is not None:
-            matrix = np.array(instance.matrix, dtype=np.int64).reshape(n, n_tests)
+            widest = max((max(row) for row in instance.matrix if row), default=0)
+            unlisted = sum(t.outcomes is None for t in instance.tests)
+            if unlisted * (widest + 1) * LABEL_OVERHEAD_BYTES > max_bytes:
+                raise InstanceTooLarge(f"outcome index {widest} would make {widest + 1} outcome labels per "
+                                       f"test; the limit is {max_bytes} bytes (MAX_COMPILED_BYTES)")
+            matrix = np.array(instance.matrix, dtype=smallest_uint_dtype(widest)).reshape(n, n_tests)
             likelihood = None
-            used = matrix.max(axis=0) + 1
+            used = matrix.max(axis=0).astype(np.int64) + 1
         else:
             matrix = None
+            width = len(instance.likelihood_matrix[0][0]) if n_tests else 0
+            _check_size(n, n_tests, width, 8, max_cells, max_bytes, "the likelihood tensor")
             likelihood = np.array(instance.likelihood_matrix, dtype=np.float64).reshape(n, n_tests, -1)
             nonzero = likelihood.reshape(-1, likelihood.shape[2]).any(axis=0)
             used = np.full(n_tests, int(np.flatnonzero(nonzero).max()) + 1)
@@ -262,20 +286,18 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
     costs = np.array([float(t.cost) for t in instance.tests])
 
     if likelihood is not None:
+        width = max(len(o) for o in outcome_labels)
+        _check_size(n, n_tests, width, 8, max_cells, max_bytes, "the likelihood tensor")
         likelihood = _normalise_rows(likelihood, outcome_labels)
-    else:
-        error_rates = _error_rates(instance)
-        if instance.max_flips is not None:
-            matrix, prior, class_index, hypothesis_ids, origin = _expand_noisy_copies(
-                matrix, prior, class_index, hypothesis_ids, outcome_labels, test_ids,
-                instance.max_flips, error_rates, max_cells,
-            )
-            if acceptable is not None:  # a noisy copy accepts what its hypothesis accepts
-                acceptable = acceptable[origin]
-                loss = None if loss is None else loss[origin]
-        elif error_rates.any():
-            likelihood = _symmetric_noise(matrix, outcome_labels, error_rates)
-            matrix = None
+    error_rates = _error_rates(instance)
+    if likelihood is None and instance.max_flips is not None:
+        matrix, prior, class_index, hypothesis_ids, origin = _expand_noisy_copies(
+            matrix, prior, class_index, hypothesis_ids, outcome_labels, test_ids,
+            instance.max_flips, error_rates, max_cells, max_bytes,
+        )
+        if acceptable is not None:  # a noisy copy accepts what its hypothesis accepts
+            acceptable = acceptable[origin]
+            loss = None if loss is None else loss[origin]
 
     # Store hypotheses grouped by class (stable within a class): each class is then a contiguous
     # block of rows, which is what makes the α(i, x) statistics one pass (Belief.outcome_stats).
@@ -290,11 +312,26 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
     if matrix is not None:
         matrix = matrix[order]
     if likelihood is not None:
-        likelihood = np.ascontiguousarray(likelihood[order].transpose(0, 2, 1)).transpose(0, 2, 1)
+        # One copy, straight into the outcome-major layout (mode="clip": the indices are valid,
+        # and "raise" would buffer another copy).
+        by_outcome = likelihood.transpose(0, 2, 1)
+        likelihood = np.take(by_outcome, order, axis=0, out=np.empty(by_outcome.shape), mode="clip")
+        likelihood = likelihood.transpose(0, 2, 1)
     if acceptable is not None:
         acceptable = np.ascontiguousarray(acceptable[order])
         loss = None if loss is None else np.ascontiguousarray(loss[order])
-    outcomes = matrix.astype(smallest_uint_dtype(int(matrix.max(initial=0)))) if matrix is not None else None
+    same_rows = None  # rows equal exactly when the hypotheses' likelihood rows are (noise only)
+    if matrix is not None and instance.max_flips is None and error_rates.any():
+        width = max(len(o) for o in outcome_labels)
+        _check_size(n, n_tests, width, 8, max_cells, max_bytes, "noise's likelihood tensor")
+        likelihood = _symmetric_noise(matrix, outcome_labels, error_rates)  # built in its final order
+        # Two noisy rows are equal exactly when their stated outcomes agree on every test whose
+        # noise leaves the outcome informative: compare those, not n·N·ℓ floats.
+        widths = np.array([len(o) for o in outcome_labels])
+        informative = (widths > 1) & (1.0 - error_rates != error_rates / np.maximum(widths - 1, 1))
+        same_rows = matrix[:, informative]
+        matrix = None
+    outcomes = matrix.astype(smallest_uint_dtype(int(matrix.max(initial=0))), copy=False) if matrix is not None else None
     compiled = CompiledInstance(
         test_ids=test_ids,
         outcome_labels=tuple(tuple(o) for o in outcome_labels),
@@ -311,7 +348,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS) -> 
     )
     if acceptable is not None:
         check_decision_work(acceptable, n_tests, compiled.max_outcomes, max_cells)
-    object.__setattr__(compiled, "warnings", tuple(_warnings(compiled)))
+    object.__setattr__(compiled, "warnings", tuple(_warnings(compiled, same_rows)))
     return compiled
 
 
@@ -341,6 +378,22 @@ def _decision_arrays(instance: Instance) -> tuple[tuple[str, ...], np.ndarray | 
     return labels, acceptable, loss
 
 
+def _check_size(rows: int, n_tests: int, width: int, itemsize: int, max_cells: int, max_bytes: int,
+                what: str, label_bytes: int | None = None) -> None:
+    """Refuse before allocating: ``rows × n_tests × width`` numbers of ``itemsize`` bytes, plus
+    each row's prior, class index and id (``label_bytes`` in all, else an estimate)."""
+    cells = rows * n_tests * width
+    shape = f"{rows}×{n_tests}" + (f"×{width}" if width > 1 else "")
+    if cells > max_cells:
+        raise InstanceTooLarge(f"{what} has {shape} = {cells} cells; the limit is {max_cells} (MAX_CELLS)")
+    if label_bytes is None:
+        label_bytes = rows * LABEL_OVERHEAD_BYTES
+    size = cells * itemsize + rows * 16 + label_bytes
+    if size > max_bytes:
+        raise InstanceTooLarge(f"{what} ({shape}) would take {size} bytes compiled; the limit is "
+                               f"{max_bytes} (MAX_COMPILED_BYTES)")
+
+
 def _per_hypothesis_outcome_labels(instance: Instance) -> list[tuple[str, ...]]:
     labels: list[tuple[str, ...]] = []
     for test in instance.tests:
@@ -364,7 +417,8 @@ def _normalise_rows(likelihood: np.ndarray, outcome_labels) -> np.ndarray:
         likelihood = np.concatenate(
             [likelihood, np.zeros((*likelihood.shape[:2], widths.max() - likelihood.shape[2]))], axis=2
         )
-    return np.ascontiguousarray(likelihood / likelihood.sum(axis=2, keepdims=True))
+    likelihood /= likelihood.sum(axis=2, keepdims=True)  # in place: no second tensor
+    return likelihood
 
 
 def _error_rates(instance: Instance) -> np.ndarray:
@@ -373,87 +427,113 @@ def _error_rates(instance: Instance) -> np.ndarray:
 
 
 def _symmetric_noise(matrix: np.ndarray, outcome_labels, error_rates: np.ndarray) -> np.ndarray:
-    """P(stated outcome) = 1−ε; the other ℓ−1 outcomes share ε equally."""
+    """P(stated outcome) = 1−ε; the other ℓ−1 outcomes share ε equally. Built outcome-major,
+    (n, ℓ, N), the layout compile_instance keeps; returned as the (n, N, ℓ) view."""
     n, n_tests = matrix.shape
     widths = np.array([len(o) for o in outcome_labels])
     width = int(widths.max())
     share = np.where(widths > 1, error_rates / np.maximum(widths - 1, 1), 0.0)
-    likelihood = np.zeros((n, n_tests, width))
-    valid = np.arange(width)[None, :] < widths[:, None]  # (N, ℓ)
-    likelihood[:] = np.where(valid, share[:, None], 0.0)[None]
+    by_outcome = np.empty((n, width, n_tests))
+    valid = np.arange(width)[:, None] < widths[None, :]  # (ℓ, N)
+    by_outcome[:] = np.where(valid, share[None, :], 0.0)[None]
     stated = np.where(widths > 1, 1.0 - error_rates, 1.0)
-    likelihood[np.arange(n)[:, None], np.arange(n_tests)[None, :], matrix] = stated[None, :]
-    return likelihood
+    by_outcome[np.arange(n)[:, None], matrix, np.arange(n_tests)[None, :]] = stated[None, :]
+    return by_outcome.transpose(0, 2, 1)
 
 
-def count_noisy_copies(widths: np.ndarray, max_flips: int) -> int:
-    """Σ_{|S| ≤ k} Π_{t∈S} (ℓ_t − 1): the number of noisy copies of one hypothesis."""
+def count_noisy_copies(widths: np.ndarray, max_flips: int, cap: int | None = None) -> int:
+    """Σ_{|S| ≤ k} Π_{t∈S} (ℓ_t − 1): the number of noisy copies of one hypothesis.
+
+    With ``cap``, returns early with some number > cap once the count is known to exceed it, so
+    the work is bounded by the cap, not by ``max_flips`` or the number of tests."""
+    factors = [int(w) - 1 for w in widths if w > 1]
+    k = min(max_flips, len(factors))
+    if cap is not None:
+        # Each factor is ≥ 1, so the count is at least Σ_{j ≤ k} C(m, j): refuse on that first.
+        total, binomial = 1, 1
+        for j in range(1, k + 1):
+            binomial = binomial * (len(factors) - j + 1) // j
+            total += binomial
+            if total > cap:
+                return total
     # Elementary symmetric polynomials of (ℓ_t − 1), by dynamic programming over tests.
-    counts = [1] + [0] * max_flips
-    for w in widths:
-        for j in range(max_flips, 0, -1):
-            counts[j] += counts[j - 1] * (int(w) - 1)
+    counts = [1] + [0] * k
+    for factor in factors:
+        for j in range(k, 0, -1):
+            counts[j] += counts[j - 1] * factor
+        if cap is not None and sum(counts) > cap:
+            return sum(counts)
     return sum(counts)
 
 
 def _expand_noisy_copies(matrix, prior, class_index, hypothesis_ids, outcome_labels, test_ids,
-                         max_flips, error_rates, max_cells):
+                         max_flips, error_rates, max_cells, max_bytes):
     """Section 3's reduction: every way of changing up to ``max_flips`` outcomes is a copy of the
-    hypothesis in the same class; the copies share its prior (weighted by the error model)."""
+    hypothesis in the same class; the copies share its prior (weighted by the error model).
+
+    Copies of hypothesis h come in a fixed order: h itself, then by number of changed tests k,
+    the sets of k tests in lexicographic order, and for each the other outcomes in increasing
+    order. A change is the same for every hypothesis up to which outcome it skips (its own), so
+    the copies are built for all hypotheses at once, one array operation per change."""
     n, n_tests = matrix.shape
     widths = np.array([len(o) for o in outcome_labels])
-    per_hypothesis = count_noisy_copies(widths, max_flips)
-    total = n * per_hypothesis
-    if total * n_tests > max_cells:
+    cap = max_cells // max(n * n_tests, 1)
+    per_hypothesis = count_noisy_copies(widths, max_flips, cap=cap)
+    if per_hypothesis > cap:  # a lower bound past the cap: enough to refuse
         raise InstanceTooLarge(
-            f"max_flips={max_flips} expands {n} hypotheses into {total} noisy copies "
-            f"({total * n_tests} cells); the limit is {max_cells} cells"
-        )
+            f"max_flips={max_flips} expands {n} hypotheses into at least {n * per_hypothesis} noisy copies "
+            f"({n * per_hypothesis * n_tests} cells); the limit is {max_cells} (MAX_CELLS)")
+    total = n * per_hypothesis
+    longest_test = max(map(len, test_ids))
+    longest_label = max(len(label) for labels in outcome_labels for label in labels)
+    longest_id = max(map(len, hypothesis_ids))
+    name_bytes = LABEL_OVERHEAD_BYTES + longest_id + min(max_flips, n_tests) * (longest_test + longest_label + 2)
+    _check_size(total, n_tests, 1, matrix.dtype.itemsize, max_cells, max_bytes,
+                f"max_flips={max_flips}, expanding {n} hypotheses into {total} noisy copies,",
+                label_bytes=total * name_bytes)
+
+    flippable = [t for t in range(n_tests) if widths[t] > 1]
     # Weight of one flip of test t to a given other outcome: ε_t/(ℓ_t−1) against 1−ε_t kept.
     # With no error rate given every copy weighs the same.
     weighted = bool(error_rates.any())
-    rows, priors, classes, ids, origin = [], [], [], [], []
+    changes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # (tests, which other outcome)
+    weights = [1.0]
+    for k in range(1, min(max_flips, len(flippable)) + 1):
+        for flipped in itertools.combinations(flippable, k):
+            for choice in itertools.product(*(range(widths[t] - 1) for t in flipped)):
+                changes.append((flipped, choice))
+                w = 1.0
+                if weighted:
+                    for t in flipped:
+                        w *= (error_rates[t] / (widths[t] - 1)) / (1.0 - error_rates[t])
+                weights.append(w)
+    copies = np.repeat(matrix[:, None, :], len(changes) + 1, axis=1)  # (n, copies, N)
+    for c, (flipped, choice) in enumerate(changes, start=1):
+        columns = list(flipped)
+        others = np.array(choice, dtype=matrix.dtype)
+        # The choice-th outcome other than the hypothesis's own.
+        copies[:, c, columns] = others + (others >= matrix[:, columns])
+    names = []
     for h in range(n):
-        copies, weights, names = [matrix[h]], [1.0], [hypothesis_ids[h]]
-        for k in range(1, max_flips + 1):
-            for flipped in itertools.combinations(range(n_tests), k):
-                alternatives = [
-                    [o for o in range(widths[t]) if o != matrix[h, t]] for t in flipped
-                ]
-                for choice in itertools.product(*alternatives):
-                    row = matrix[h].copy()
-                    row[list(flipped)] = choice
-                    copies.append(row)
-                    if weighted:
-                        w = 1.0
-                        for t in flipped:
-                            w *= (error_rates[t] / (widths[t] - 1)) / (1.0 - error_rates[t])
-                        weights.append(w)
-                    else:
-                        weights.append(1.0)
-                    names.append(
-                        hypothesis_ids[h] + "~" + ",".join(
-                            f"{test_ids[t]}={outcome_labels[t][o]}" for t, o in zip(flipped, choice)
-                        )
-                    )
-        weights_arr = np.array(weights)
-        rows.extend(copies)
-        priors.append(prior[h] * weights_arr / weights_arr.sum())
-        classes.extend([class_index[h]] * len(copies))
-        origin.extend([h] * len(copies))
-        ids.extend(names)
-    prior_out = np.concatenate(priors)
-    return (np.array(rows, dtype=np.int64).reshape(-1, n_tests), prior_out / prior_out.sum(),
-            np.array(classes, dtype=np.intp), tuple(ids), np.array(origin, dtype=np.intp))
+        names.append(hypothesis_ids[h])
+        row = copies[h]
+        names.extend(
+            hypothesis_ids[h] + "~" + ",".join(f"{test_ids[t]}={outcome_labels[t][row[c, t]]}" for t in flipped)
+            for c, (flipped, _) in enumerate(changes, start=1)
+        )
+    weights_arr = np.array(weights)
+    prior_out = (prior[:, None] * weights_arr[None, :] / weights_arr.sum()).reshape(-1)
+    return (copies.reshape(-1, n_tests), prior_out / prior_out.sum(),
+            np.repeat(class_index, len(changes) + 1), tuple(names), np.repeat(np.arange(n), len(changes) + 1))
 
 
-def _warnings(inst: CompiledInstance) -> list[str]:
+def _warnings(inst: CompiledInstance, rows: np.ndarray | None = None) -> list[str]:
     """Hypotheses of different classes (decision instances: sharing no acceptable decision)
-    that no test can tell apart (legal, but worth saying)."""
-    if inst.outcomes is not None:
-        rows = inst.outcomes
-    else:
-        rows = np.round(inst.likelihood.reshape(inst.n_hypotheses, -1), 12)
+    that no test can tell apart (legal, but worth saying).
+    ``rows``: a smaller array whose rows are equal exactly when the hypotheses' are."""
+    if rows is None:
+        rows = inst.outcomes if inst.outcomes is not None else np.round(
+            inst.likelihood.reshape(inst.n_hypotheses, -1), 12)
     _, group = np.unique(rows, axis=0, return_inverse=True)
     group = group.reshape(-1)
     if inst.is_decision:
@@ -462,6 +542,10 @@ def _warnings(inst: CompiledInstance) -> list[str]:
     order = np.lexsort((inst.class_index, group))
     g, c = group[order], inst.class_index[order]
     mixed = np.unique(g[1:][(g[1:] == g[:-1]) & (c[1:] != c[:-1])])
+    # In the order of each group's first hypothesis, whatever array the rows were compared in.
+    first = np.full(group.max(initial=0) + 1, inst.n_hypotheses)
+    np.minimum.at(first, group, np.arange(inst.n_hypotheses))
+    mixed = mixed[np.argsort(first[mixed], kind="stable")]
     messages = []
     for gid in mixed[:10]:
         members = np.flatnonzero(group == gid)

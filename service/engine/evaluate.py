@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +24,10 @@ from .select import Decision, StopReason, StopRules, decide
 
 DEFAULT_MAX_TREE_NODES = 100_000
 DEFAULT_MAX_DP_STATES = 50_000
+
+# Called before each unit of work (a step, a tree node, a version space of the optimum); it may
+# raise to stop the computation, e.g. at a deadline. The engine itself keeps no clock.
+Check = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ def run_policy(
     rules: StopRules = StopRules(),
     seed: int = 0,
     rng: np.random.Generator | None = None,
+    check: Check | None = None,
 ) -> RunResult:
     """Play ``policy`` until it stops, answering each test as ``true_hypothesis`` would
     (drawn from P(x | h, t) with ``rng`` on likelihood instances)."""
@@ -56,6 +62,8 @@ def run_policy(
     observations: list[Observation] = []
     map_classes: list[int] = []
     while True:
+        if check is not None:
+            check()
         decision = decide(observe(inst, observations), policy, rules, seed)
         map_classes.append(int(np.argmax(decision.belief.class_mass)))
         if decision.done:
@@ -116,10 +124,12 @@ def policy_tree(
     rules: StopRules = StopRules(),
     seed: int = 0,
     max_nodes: int = DEFAULT_MAX_TREE_NODES,
+    check: Check | None = None,
 ) -> TreeNode:
     """The whole adaptive policy as a tree. A child exists for every outcome with positive
     probability p(x | x_A) = Σ_{h ∈ V} w(h) P(x | h) / M; leaves are where the policy stops
-    (likelihood instances: give ``rules.max_tests`` to bound the depth)."""
+    (likelihood instances: give ``rules.max_tests`` to bound the depth). Built with an explicit
+    stack: a chain of n hypotheses makes a tree n deep."""
     root = TreeNode(decide(observe(inst, ()), policy, rules, seed), 1.0, 0.0, 0)
     count = 1
     stack = [root]
@@ -127,6 +137,8 @@ def policy_tree(
         node = stack.pop()
         if node.decision.done:
             continue
+        if check is not None:
+            check()
         t = node.test
         belief = node.belief
         outcome_probability = _outcome_probability(inst, belief, t)
@@ -179,7 +191,8 @@ def worst_case_cost(tree: TreeNode) -> float:
     return max(leaf.cost for leaf in tree.leaves())
 
 
-def optimal_expected_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_DP_STATES) -> float:
+def optimal_expected_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_DP_STATES,
+                          check: Check | None = None) -> float:
     """min over feasible policies of the expected cost to determine the class.
 
     OPT(V) = 0 when V lies in one class (or no test separates its classes); otherwise
@@ -187,21 +200,24 @@ def optimal_expected_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_
     by their member set; refuses (``InfeasibleComputation``) past ``max_states`` of them. Measured
     on random binary instances with 4 classes (docs/engine.md): 32 hypotheses × 14 tests in 1 s,
     48 × 18 in 6 s, 64 × 20 refused (after ~13 s); the state count grows like 3^N at worst.
+
+    The recursion runs on an explicit stack of generators (each yields the version spaces it
+    needs and is sent their values), so its depth — n − 1 on a chain — never meets Python's
+    recursion limit.
     """
     if inst.outcomes is None:
         raise InfeasibleComputation("the exact optimum is defined for deterministic instances only")
     outcomes, costs, prior, classes = inst.outcomes, inst.costs, inst.prior, inst.class_index
     memo: dict[bytes, float] = {}
 
-    def solve(members: np.ndarray) -> float:
-        key = members.tobytes()
-        if key in memo:
-            return memo[key]
+    def solve(members: np.ndarray) -> Generator[np.ndarray, float, float]:
         if len(memo) >= max_states:
             raise InfeasibleComputation(
                 f"the optimum needs more than {max_states} version spaces; it is exact only for "
                 "small instances (about 20 hypotheses and 10 binary tests)"
             )
+        if check is not None:
+            check()
         best = 0.0
         if np.unique(classes[members]).size > 1:
             best = np.inf
@@ -216,19 +232,33 @@ def optimal_expected_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_
                 value = costs[t]
                 for k in np.unique(column):
                     part = members[column == k]
-                    value += prior[part].sum() / mass * solve(part)
+                    value += prior[part].sum() / mass * (yield part)
                     if value >= best:
                         break
                 best = min(best, value)
             if best == np.inf:
                 best = 0.0  # indistinguishable: no test separates what is left
-        memo[key] = best
+        memo[members.tobytes()] = best
         return best
 
-    return solve(np.flatnonzero(prior > 0))
+    root = np.flatnonzero(prior > 0)
+    frames = [solve(root)]
+    value: float | None = None
+    while frames:
+        try:
+            needed = frames[-1].send(value)
+        except StopIteration as finished:
+            frames.pop()
+            value = finished.value
+            continue
+        value = memo.get(needed.tobytes())
+        if value is None:
+            frames.append(solve(needed))
+    return value
 
 
-def optimal_decision_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_DP_STATES) -> float:
+def optimal_decision_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_DP_STATES,
+                          check: Check | None = None) -> float:
     """min over feasible policies of the expected cost until a decision suits every hypothesis
     left (decision instances; :func:`optimal_expected_cost` is the optimum over the classes).
 
@@ -267,6 +297,8 @@ def optimal_decision_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_
                     f"the optimum needs more than {max_states} version spaces; it is exact only for "
                     "small instances (about 20 hypotheses and 10 binary tests)"
                 )
+            if check is not None:
+                check()
             options = [] if acceptable[members].all(axis=0).any() else splits(members)
             if not options:
                 memo[key] = 0.0  # decided, or indistinguishable: no test separates what is left

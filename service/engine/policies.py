@@ -114,7 +114,7 @@ def hec_gain(stats: OutcomeStats) -> np.ndarray:
     Dividing by W(V) (constant over tests) makes the zero tolerance relative."""
     sums, k, signs = stats.hyperedge_sums, stats.hyperedge_order, stats.hyperedge_signs
     remaining = float(hyperedge_weight(sums.now, signs, k))
-    if remaining <= 0:
+    if sums.decided or remaining <= 0:
         return np.zeros(stats.p.shape[0])
     after = hyperedge_weight(sums.after, signs, k)  # (N, ℓ): W(a_x), unnormalised
     p, inverse = _per_outcome(stats, k)
@@ -136,7 +136,7 @@ def direct_gain(stats: OutcomeStats) -> np.ndarray:
       w_d(π(· | x)) = w_d(a_x)/p(x)²."""
     sums = stats.region_sums
     now = region_edge_weights(sums.now)  # (D,)
-    if (now <= 0).any():
+    if sums.decided or (now <= 0).any():
         return np.zeros(stats.p.shape[0])
     after = region_edge_weights(sums.after)  # (D, N, ℓ)
     p, inverse = _per_outcome(stats, 2)

@@ -36,6 +36,9 @@ class PowerSums:
     now: np.ndarray  # (R, J)
     after: np.ndarray  # (R, J, N, ℓ)
     posterior: bool
+    # One decision suits every survivor: decided exactly, from the acceptance matrix (the weights
+    # left are then 0, which inclusion-exclusion would only reach up to round-off).
+    decided: bool
 
 
 def region_sets(inst, with_intersections: bool) -> np.ndarray:
@@ -97,7 +100,7 @@ def power_sums(belief, sets: np.ndarray, powers: int) -> PowerSums:
         members = np.flatnonzero(contains[groups[start]])
         now[members] += run_now
         after[members] += run_after
-    return PowerSums(now, after, posterior=not deterministic)
+    return PowerSums(now, after, posterior=not deterministic, decided=decided_by_all(belief))
 
 
 def complete_homogeneous(sums: np.ndarray, k: int) -> np.ndarray:

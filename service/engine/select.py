@@ -13,8 +13,14 @@ from .errors import PolicyNotApplicable, StopRuleNotApplicable, UnknownPolicy
 from .policies import POLICIES, Policy, ec2_gain
 from .regions import decided_by_all, decision_posterior, expected_loss
 
-# A normalised gain at or below this is zero: it is round-off, not information.
+# A normalised gain at or below this is zero: it is round-off, not information. Gains are
+# differences of sums of order 1 (absolute round-off near 1e-16), so the tolerance is absolute;
+# a positive prior below 1e-9 of the total, whose gains could fall under it, is refused at the
+# wire (schemas/instance.py MIN_PRIOR_SHARE; docs/engine.md).
 ZERO_GAIN = 1e-12
+# A test fits the budget when the cost spent after it is within this relative distance of
+# max_cost: costs summed in another order (0.1 + 0.2 vs 0.3) differ by round-off only.
+BUDGET_TOLERANCE = 1e-12
 # Scores within this relative distance of the best are ties, won by the earliest test.
 TIE_TOLERANCE = 1e-9
 # A likelihood instance never becomes certain; with no stop rule given it stops here.
@@ -130,8 +136,10 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     statistics = policy.statistics | (POLICIES["ec2"].statistics if class_edges else frozenset())
     stats = belief.outcome_stats(statistics)
     if class_edges:
-        # Policy-independent: can any unrun test still cut an edge between classes?
-        if not (ec2_gain(stats)[unrun] > ZERO_GAIN).any():
+        # Policy-independent: can any unrun test still cut an edge between classes? A gain above
+        # the tolerance says yes; otherwise the outcomes themselves decide, exactly (a class
+        # too light for the tolerance is not "indistinguishable").
+        if not (ec2_gain(stats)[unrun] > ZERO_GAIN).any() and not splits(belief, unrun):
             return stop(StopReason.INDISTINGUISHABLE)
     elif inst.kind == "deterministic":
         # Undecided, so every split of V cuts a hyperedge: does an unrun test split V? The region
@@ -143,7 +151,7 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     gain = policy.gain(stats)
     eligible = unrun.copy()
     if rules.max_cost is not None:
-        eligible &= inst.costs <= rules.max_cost - belief.cost_spent + 1e-12
+        eligible &= belief.cost_spent + inst.costs <= rules.max_cost * (1 + BUDGET_TOLERANCE)
         if not eligible.any():
             return stop(StopReason.BUDGET_EXHAUSTED)
     informative = eligible & (gain > ZERO_GAIN)
@@ -174,6 +182,23 @@ def _decided(belief: Belief, confidence: float | None, max_expected_loss: float 
         return True
     losses = expected_loss(belief)
     return max_expected_loss is not None and losses is not None and losses.min() <= max_expected_loss
+
+
+def splits(belief: Belief, tests: np.ndarray) -> bool:
+    """Does any of ``tests`` (a mask) give two alive hypotheses different outcomes? With two
+    classes alive that is exactly "cuts an edge": if h and h′ differ on t and share a class, any
+    h″ of another class differs on t from one of them. Deterministic instances; blocks of rows
+    keep the temporary small."""
+    columns = np.flatnonzero(tests)
+    if columns.size == 0:
+        return False
+    outcomes = belief.instance.outcomes
+    first = outcomes[belief.alive[0], columns]
+    step = max(1, (1 << 20) // columns.size)
+    for start in range(0, belief.alive.size, step):
+        if (outcomes[np.ix_(belief.alive[start:start + step], columns)] != first).any():
+            return True
+    return False
 
 
 def next_step(

@@ -189,33 +189,39 @@ def evaluate(
     if method == "monte_carlo" and not 1 <= samples <= limits.max_samples:
         raise EvaluationLimitExceeded(f"samples must be between 1 and {limits.max_samples} (max_samples)")
 
+    def check() -> None:
+        _check_deadline(deadline, limits)
+
     results: list[PolicyEvaluation] = []
     if method == "exact":
         for policy in resolved:
-            _check_deadline(deadline, limits)
-            tree = policy_tree(inst, policy, rules, seed, max_nodes=limits.max_tree_nodes)
+            tree = policy_tree(inst, policy, rules, seed, max_nodes=limits.max_tree_nodes, check=check)
             results.append(_from_tree(inst, policy.name, tree))
             if progress:
                 progress(1)
     else:
         truths = np.random.default_rng(seed).choice(inst.n_hypotheses, size=samples, p=inst.prior)
         for policy in resolved:
-            results.append(_monte_carlo(inst, policy, rules, seed, truths, deadline, limits, progress))
+            results.append(_monte_carlo(inst, policy, rules, seed, truths, check, progress))
 
     opt, note, bound = None, None, None
     if inst.kind == "deterministic":
         bound = None if inst.is_decision else log_p_min_bound(inst)
         if optimum:
-            _check_deadline(deadline, limits)
-            solve = optimal_decision_cost if inst.is_decision else optimal_expected_cost
+            check()
             try:
-                opt = solve(inst, max_states=limits.max_dp_states)
+                solve = optimal_decision_cost if inst.is_decision else optimal_expected_cost
+                opt = solve(inst, max_states=limits.max_dp_states, check=check)
+            except EvaluationLimitExceeded:
+                # The policies' figures are done; only the optional optimum is left out.
+                note = (f"not computed: the optimum did not finish within the {limits.time_limit:g} s "
+                        "limit (EVALUATION_TIME_LIMIT)")
             except InfeasibleComputation as error:
                 note = str(error)
         else:
             note = "not computed"
         if opt is not None and opt > 0:
-            results = [_with_ratio(r, r.expected_cost / opt) for r in results]
+            results = [_with_ratio(r, _ratio(r.expected_cost, opt)) for r in results]
     else:
         note = "the exact optimum is defined for deterministic instances only"
 
@@ -245,12 +251,21 @@ def work_units(inst: CompiledInstance, n_policies: int, samples: int, method: st
 def _check_deadline(deadline: float | None, limits: EvaluationLimits) -> None:
     if deadline is not None and time.monotonic() > deadline:
         raise EvaluationLimitExceeded(
-            f"the evaluation did not finish within the {limits.time_limit:g} s limit (time_limit); "
-            "ask for fewer samples or fewer policies"
+            f"the evaluation would not finish within the {limits.time_limit:g} s limit "
+            "(EVALUATION_TIME_LIMIT, time_limit); ask for fewer samples or fewer policies, or run "
+            "edgecut evaluate, which has no time limit"
         )
 
 
-def _with_ratio(result: PolicyEvaluation, ratio: float) -> PolicyEvaluation:
+def _ratio(cost: float, optimum: float) -> float | None:
+    """cost / optimum, or None past the largest float: costs may span 600 orders of magnitude
+    (2e-308 … 1e300), and JSON has no infinity."""
+    with np.errstate(over="ignore"):
+        ratio = cost / optimum
+    return float(ratio) if math.isfinite(ratio) else None
+
+
+def _with_ratio(result: PolicyEvaluation, ratio: float | None) -> PolicyEvaluation:
     return replace(result, ratio_to_optimum=ratio)
 
 
@@ -334,7 +349,7 @@ def _shares(reasons: Sequence[str], weight: np.ndarray) -> dict[str, float]:
     return {label: value for label, value in pairs}
 
 
-def _monte_carlo(inst, policy, rules, seed, truths, deadline, limits, progress) -> PolicyEvaluation:
+def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEvaluation:
     samples = truths.size
     cost = np.empty(samples)
     tests = np.empty(samples)
@@ -343,11 +358,9 @@ def _monte_carlo(inst, policy, rules, seed, truths, deadline, limits, progress) 
     decisions: list[int | None] = []
     tick = max(1, samples // 100)
     for i, h in enumerate(truths.tolist()):
-        if i % tick == 0:
-            _check_deadline(deadline, limits)
         # One generator per sample, keyed by (seed, sample): a policy's result does not depend on
         # which other policies are evaluated, or in which order.
-        run = run_policy(inst, h, policy, rules, seed, rng=np.random.default_rng([seed, i]))
+        run = run_policy(inst, h, policy, rules, seed, rng=np.random.default_rng([seed, i]), check=check)
         cost[i] = run.cost
         tests[i] = len(run.observations)
         reasons.append(run.stop_reason.value)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from importlib import resources
 
@@ -34,6 +35,8 @@ from service.engine import (
     resolve_policy,
     worst_case_cost,
 )
+
+from .report import EvaluationLimitExceeded
 
 FORMATS = ("json", "dot", "svg", "png")
 MEDIA_TYPES = {
@@ -63,12 +66,18 @@ class RenderFailed(RuntimeError):
     pass
 
 
+class RenderTimedOut(RenderFailed):
+    pass
+
+
 @dataclass(frozen=True)
 class TreeLimits:
     max_nodes: int = 2000
     # Likelihood instances only: the deepest level exported (deterministic trees end by themselves).
     max_depth: int = 5
     render_timeout: float = 30.0  # seconds for one ``dot`` run
+    # Seconds of wall clock for building the tree (HTTP: EVALUATION_TIME_LIMIT); None: no limit.
+    time_limit: float | None = None
 
 
 def build_tree(
@@ -92,8 +101,20 @@ def build_tree(
         # off the likelihood default (StopRules.effective_confidence), changing the policy.
         rules = StopRules(max_tests=cut, max_cost=rules.max_cost,
                           confidence=rules.effective_confidence(inst), max_expected_loss=rules.max_expected_loss)
+    check = None
+    if limits.time_limit is not None:
+        deadline = time.monotonic() + limits.time_limit
+
+        def check() -> None:
+            if time.monotonic() > deadline:
+                raise EvaluationLimitExceeded(
+                    f"the policy tree would not be built within the {limits.time_limit:g} s limit "
+                    "(EVALUATION_TIME_LIMIT); bound it with max_tests or a smaller depth, or use "
+                    "edgecut tree, which has no time limit")
     try:
-        tree = policy_tree(inst, resolved, rules, seed, max_nodes=limits.max_nodes)
+        tree = policy_tree(inst, resolved, rules, seed, max_nodes=limits.max_nodes, check=check)
+    except EvaluationLimitExceeded:
+        raise  # out of time, not too large
     except InfeasibleComputation as error:
         advice = "a smaller depth" if inst.kind == "likelihood" else "max_tests or max_cost"
         raise TreeTooLarge(
@@ -256,7 +277,7 @@ def render(dot_text: str, fmt: str = "svg", timeout: float = 30.0) -> bytes:
         done = subprocess.run([dot, f"-T{fmt}"], input=dot_text.encode("utf-8"), capture_output=True,
                               timeout=timeout, check=False)
     except subprocess.TimeoutExpired as error:
-        raise RenderFailed(f"Graphviz did not finish within {timeout:g} s") from error
+        raise RenderTimedOut(f"Graphviz did not finish within {timeout:g} s") from error
     if done.returncode != 0:
         raise RenderFailed(f"Graphviz failed: {done.stderr.decode('utf-8', 'replace').strip()[:500]}")
     return done.stdout
@@ -274,6 +295,7 @@ def export_tree(
     """The tree in one of :data:`FORMATS`, as bytes ready to write or send."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown tree format '{fmt}'; choose one of {', '.join(FORMATS)}")
+    started = time.monotonic()
     name = resolve_policy(inst, policy).name
     tree, used_rules, cut = build_tree(inst, name, rules, seed, limits, depth)
     document = tree_to_dict(inst, tree, name, used_rules, cut)
@@ -282,4 +304,15 @@ def export_tree(
     dot_text = tree_to_dot(document)
     if fmt == "dot":
         return dot_text.encode("utf-8")
-    return render(dot_text, fmt, limits.render_timeout)
+    if limits.time_limit is None:
+        return render(dot_text, fmt, limits.render_timeout)
+    # Drawing counts against the same limit as building.
+    left = min(limits.render_timeout, limits.time_limit - (time.monotonic() - started))
+    try:
+        if left <= 0:
+            raise RenderTimedOut("no time left to draw")
+        return render(dot_text, fmt, left)
+    except RenderTimedOut:
+        raise EvaluationLimitExceeded(
+            f"the policy tree would not be drawn within the {limits.time_limit:g} s limit "
+            "(EVALUATION_TIME_LIMIT); ask for format=json or dot, or use edgecut tree") from None

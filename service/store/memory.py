@@ -26,9 +26,10 @@ from dataclasses import replace
 
 from service.engine import CompiledInstance
 
-from .base import DEFAULT_TENANT, SessionRecord, SessionStore, VersionConflict
+from .base import DEFAULT_TENANT, SessionRecord, SessionStore, StoreUnavailable, VersionConflict
 
 INSTANCE_TTL_FACTOR = 2
+PING_TIMEOUT = 1.0  # seconds
 
 
 class MemoryStore(SessionStore):
@@ -129,7 +130,11 @@ class MemoryStore(SessionStore):
             return None
 
     def ping(self) -> None:
-        return None
+        # The store answers when its lock can be taken: an operation stuck holding it would
+        # stall every request, and /readyz should say so rather than hang too.
+        if not self._lock.acquire(timeout=PING_TIMEOUT):
+            raise StoreUnavailable(f"the in-memory store did not answer within {PING_TIMEOUT:g} s")
+        self._lock.release()
 
     # --- expiry ------------------------------------------------------------------------------
 
