@@ -72,6 +72,7 @@ MaxCost = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]  # strict
 Confidence = Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)]
 Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
 PolicyName = Annotated[str, Field(min_length=1, max_length=64)]
+MaxExpectedLoss = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]  # a loss may be 0
 MAX_EVALUATED_POLICIES = 10
 
 
@@ -85,6 +86,8 @@ class StepConfig(_Request):
     max_cost: MaxCost | None = None
     confidence: Confidence | None = None
     seed: Seed = 0
+    # Decision instances with losses: decided once the least expected loss is at most this.
+    max_expected_loss: MaxExpectedLoss | None = None
 
     @model_validator(mode="after")
     def _one_instance(self) -> StepConfig:
@@ -108,6 +111,7 @@ class EvaluateRequest(_Request):
     max_tests: MaxTests | None = None
     max_cost: MaxCost | None = None
     confidence: Confidence | None = None
+    max_expected_loss: MaxExpectedLoss | None = None
     samples: Annotated[StrictInt, Field(ge=1)] = 2000
     seed: Seed = 0
     optimum: StrictBool = True
@@ -123,6 +127,8 @@ class InstanceSummary(_Response):
     n_tests: int
     n_classes: int
     warnings: list[str]
+    # Decision instances only: the decision ids, in order (n_classes counts the reduction's classes).
+    decisions: list[str] | None = None
 
 
 class NextTest(_Response):
@@ -135,6 +141,15 @@ class HistoryEntry(_Response):
     test: str
     outcome: str
     cost: float
+
+
+class DecisionOut(_Response):
+    """The decision to act on now: with losses the least expected loss, else the most probably
+    acceptable; ``probability`` = P(acceptable | observations)."""
+
+    id: str
+    probability: float
+    expected_loss: float | None = None  # only when the instance gives losses
 
 
 class Candidate(_Response):
@@ -158,6 +173,10 @@ class StepState(_Response):
     map_class: str
     # |V(x_A)| for deterministic instances; null for likelihood instances.
     version_space_size: int | None
+    # Decision instances only (null otherwise): the decision, and P(acceptable) per decision,
+    # most probable first.
+    decision: DecisionOut | None = None
+    decision_posterior: dict[str, float] | None = None
     # Only with ?explain=true: the best-scoring eligible tests, best first.
     candidates: list[Candidate] | None = None
 

@@ -6,6 +6,10 @@ Two equivalent shapes are accepted (see docs/instances.md):
 * columnar: ``matrix`` (n×N outcome indices) or ``likelihood_matrix`` (n×N×ℓ), ``classes``,
   optional ``priors`` and ``hypothesis_ids``.
 
+A *decision instance* names ``decisions`` instead of classes: each hypothesis says which decisions
+are acceptable for it (``acceptable``, or ``loss`` per decision within ``loss_tolerance`` of its
+least; columnar ``acceptable_matrix`` / ``loss_matrix``), and regions may overlap (docs/decisions.md).
+
 Pydantic checks types here; the cross-field rules (unknown test ids, labels outside a test's
 outcomes, rows not summing to 1, …) live in :func:`validate_instance_rules`, which reports every
 problem with the JSON path of its place, e.g. ``hypotheses[3].outcomes.ecg``.
@@ -32,6 +36,10 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 LABEL_MAX_LENGTH = 200
 LIKELIHOOD_TOLERANCE = 1e-6
+# HEC sums over every set of decisions some hypothesis accepts (2^|acceptable| per distinct row),
+# so one hypothesis may accept at most this many; the number of decisions is bounded the same way.
+MAX_DECISIONS = 32
+MAX_ACCEPTABLE_PER_HYPOTHESIS = 12
 # A positive prior below this share of the total is refused: the engine's gains are computed
 # with an absolute round-off near 1e-16 and a zero tolerance of 1e-12 (service/engine/select.py),
 # so a hypothesis this light would be invisible to every policy (docs/engine.md).
@@ -79,6 +87,9 @@ class HypothesisSpec(_Wire):
     prior: Number | None = None
     outcomes: dict[Label, Label] | None = None
     likelihoods: dict[Label, dict[Label, Number]] | None = None
+    # Decision instances: the acceptable decisions, or a loss per decision.
+    acceptable: list[Label] | None = None
+    loss: dict[Label, Number] | None = None
 
 
 class Instance(_Wire):
@@ -95,6 +106,11 @@ class Instance(_Wire):
     # Noise.
     noise: Number | None = None
     max_flips: StrictInt | None = None
+    # Decisions (instead of classes).
+    decisions: list[Label] | None = None
+    loss_tolerance: Number | None = None
+    acceptable_matrix: list[list[StrictInt]] | None = None
+    loss_matrix: list[list[Number]] | None = None
 
     @model_validator(mode="after")
     def _check_rules(self) -> Instance:
@@ -147,7 +163,8 @@ def validate_instance_rules(inst: Instance) -> list[Problem]:
     if inst.hypotheses is not None:
         columnar = [
             name
-            for name in ("matrix", "likelihood_matrix", "classes", "priors", "hypothesis_ids")
+            for name in ("matrix", "likelihood_matrix", "classes", "priors", "hypothesis_ids",
+                         "acceptable_matrix", "loss_matrix")
             if getattr(inst, name) is not None
         ]
         for name in columnar:
@@ -158,6 +175,7 @@ def validate_instance_rules(inst: Instance) -> list[Problem]:
     else:
         problems += _check_columnar(inst)
     problems += _check_noise(inst)
+    problems += _check_decisions(inst)
     return problems[:MAX_PROBLEMS]
 
 
@@ -320,8 +338,8 @@ def _check_columnar(inst: Instance) -> list[Problem]:
         values = getattr(inst, field)
         if values is not None and len(values) != n:
             problems.append(((field,), f"has {len(values)} entries, expected one per row of '{name}' ({n})"))
-    if inst.classes is None:
-        problems.append((("classes",), "the columnar form needs 'classes' (one label per row)"))
+    if inst.classes is None and inst.decisions is None:
+        problems.append((("classes",), "the columnar form needs 'classes' (one label per row), or 'decisions'"))
     if inst.hypothesis_ids is not None:
         seen: dict[str, int] = {}
         for i, hid in enumerate(inst.hypothesis_ids):
@@ -348,3 +366,130 @@ def _check_noise(inst: Instance) -> list[Problem]:
     if has_likelihoods and (inst.noise or any(t.error_rate for t in inst.tests)):
         problems.append((("noise",), "noise / error_rate apply to deterministic outcomes, not to given likelihoods"))
     return problems
+
+
+def _check_decisions(inst: Instance) -> list[Problem]:
+    """A decision instance: ``decisions`` at the top, per hypothesis ``acceptable`` or ``loss``
+    (columnar: ``acceptable_matrix`` or ``loss_matrix``), and no classes."""
+    problems: list[Problem] = []
+    hyps = inst.hypotheses or []
+    decision_fields = [
+        *((("hypotheses", i, name),) for i, h in enumerate(hyps)
+          for name in ("acceptable", "loss") if getattr(h, name) is not None),
+        *(((name,),) for name in ("loss_tolerance", "acceptable_matrix", "loss_matrix")
+          if getattr(inst, name) is not None),
+    ]
+    if inst.decisions is None:
+        return [(loc, "decision fields need the list of 'decisions'") for (loc,) in decision_fields[:50]]
+    if not inst.decisions:
+        return [(("decisions",), "at least one decision is required")]
+    if len(inst.decisions) > MAX_DECISIONS:
+        return [(("decisions",), f"{len(inst.decisions)} decisions; at most {MAX_DECISIONS}")]
+    position: dict[str, int] = {}
+    for j, d in enumerate(inst.decisions):
+        if d in position:
+            problems.append((("decisions", j), f"duplicate decision id '{d}' (also decisions[{position[d]}])"))
+        position.setdefault(d, j)
+    if inst.loss_tolerance is not None and not (_finite(inst.loss_tolerance) and inst.loss_tolerance >= 0):
+        problems.append((("loss_tolerance",), "loss_tolerance must be a finite number >= 0"))
+    if inst.hypotheses is not None:
+        problems += _check_decision_hypotheses(inst, position)
+    else:
+        problems += _check_decision_matrices(inst)
+    return problems
+
+
+def _check_decision_hypotheses(inst: Instance, position: dict[str, int]) -> list[Problem]:
+    problems: list[Problem] = []
+    hyps = inst.hypotheses or []
+    with_loss = [i for i, h in enumerate(hyps) if h.loss is not None]
+    if with_loss and len(with_loss) != len(hyps):
+        first = next(i for i, h in enumerate(hyps) if h.loss is None)
+        problems.append((("hypotheses", first, "loss"), "give 'loss' for every hypothesis or for none"))
+    if not with_loss and inst.loss_tolerance is not None:
+        problems.append((("loss_tolerance",), "loss_tolerance applies to losses; no hypothesis gives 'loss'"))
+    for i, h in enumerate(hyps):
+        here: Loc = ("hypotheses", i)
+        if h.class_ is not None:
+            problems.append(((*here, "class"), "a decision instance gives no class (decisions replace classes)"))
+        if h.acceptable is not None and h.loss is not None:
+            problems.append(((*here, "loss"), "give either 'acceptable' or 'loss', not both"))
+        elif h.acceptable is None and h.loss is None:
+            problems.append(((*here, "acceptable"), "give the acceptable decisions ('acceptable') or 'loss'"))
+        if h.acceptable is not None:
+            if not h.acceptable:
+                problems.append(((*here, "acceptable"), "every hypothesis must accept at least one decision"))
+            seen: set[str] = set()
+            for j, d in enumerate(h.acceptable):
+                if d not in position:
+                    problems.append(((*here, "acceptable", j), f"unknown decision id '{d}'"))
+                elif d in seen:
+                    problems.append(((*here, "acceptable", j), f"decision '{d}' is listed twice"))
+                seen.add(d)
+            if len(seen) > MAX_ACCEPTABLE_PER_HYPOTHESIS:
+                problems.append(((*here, "acceptable"),
+                                 f"accepts {len(seen)} decisions; at most {MAX_ACCEPTABLE_PER_HYPOTHESIS}"))
+        if h.loss is not None:
+            before = len(problems)
+            for d, value in h.loss.items():
+                if d not in position:
+                    problems.append(((*here, "loss", d), f"unknown decision id '{d}'"))
+                elif not _finite(value) or value < 0:
+                    problems.append(((*here, "loss", d), "a loss must be a finite number >= 0"))
+            for d in position:
+                if d not in h.loss:
+                    problems.append(((*here, "loss", d), f"no loss given for decision '{d}'"))
+            if len(problems) == before:
+                problems += _check_tolerated(list(h.loss.values()), inst.loss_tolerance, (*here, "loss"))
+        if len(problems) > 50:
+            break
+    return problems
+
+
+def _check_decision_matrices(inst: Instance) -> list[Problem]:
+    problems: list[Problem] = []
+    if inst.classes is not None:
+        problems.append((("classes",), "a decision instance gives no classes (decisions replace classes)"))
+    if (inst.acceptable_matrix is None) == (inst.loss_matrix is None):
+        where = "loss_matrix" if inst.loss_matrix is not None else "acceptable_matrix"
+        return [*problems, ((where,), "give exactly one of 'acceptable_matrix' and 'loss_matrix'")]
+    if inst.acceptable_matrix is not None and inst.loss_tolerance is not None:
+        problems.append((("loss_tolerance",), "loss_tolerance applies to 'loss_matrix'"))
+    name = "acceptable_matrix" if inst.acceptable_matrix is not None else "loss_matrix"
+    rows = inst.acceptable_matrix if inst.acceptable_matrix is not None else inst.loss_matrix
+    n, width = inst.n_hypotheses, len(inst.decisions or [])
+    if len(rows) != n:
+        problems.append(((name,), f"has {len(rows)} rows, expected one per hypothesis ({n})"))
+    for i, row in enumerate(rows):
+        if len(row) != width:
+            problems.append(((name, i), f"row has {len(row)} entries, expected one per decision ({width})"))
+        elif name == "acceptable_matrix":
+            bad = [j for j, cell in enumerate(row) if cell not in (0, 1)]
+            problems += [((name, i, j), "must be 0 or 1") for j in bad]
+            if not bad and not any(row):
+                problems.append(((name, i), "every hypothesis must accept at least one decision"))
+            elif not bad and sum(row) > MAX_ACCEPTABLE_PER_HYPOTHESIS:
+                problems.append(((name, i), f"accepts {sum(row)} decisions; at most {MAX_ACCEPTABLE_PER_HYPOTHESIS}"))
+        else:
+            bad = [((name, i, j), "a loss must be a finite number >= 0")
+                   for j, cell in enumerate(row) if not _finite(cell) or cell < 0]
+            problems += bad or _check_tolerated(row, inst.loss_tolerance, (name, i))
+        if len(problems) > 50:
+            break
+    return problems
+
+
+def acceptable_by_loss(losses: list[float], tolerance: float | None) -> list[bool]:
+    """A decision is acceptable when its loss is within ``tolerance`` (default 0) of the least."""
+    least = min(losses)
+    return [value <= least + (tolerance or 0.0) for value in losses]
+
+
+def _check_tolerated(losses: list[float], tolerance: float | None, loc: Loc) -> list[Problem]:
+    if tolerance is not None and not (_finite(tolerance) and tolerance >= 0):
+        return []  # reported at loss_tolerance
+    count = sum(acceptable_by_loss(losses, tolerance))
+    if count > MAX_ACCEPTABLE_PER_HYPOTHESIS:
+        return [(loc, f"{count} decisions are within loss_tolerance of the least; at most "
+                      f"{MAX_ACCEPTABLE_PER_HYPOTHESIS} may be acceptable to one hypothesis")]
+    return []

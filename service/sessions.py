@@ -20,6 +20,7 @@ import numpy as np
 
 from schemas.api import (
     Candidate,
+    DecisionOut,
     HistoryEntry,
     InstanceSummary,
     NextTest,
@@ -63,7 +64,8 @@ class SessionResult:
 
 def instance_summary(inst: engine.CompiledInstance) -> InstanceSummary:
     return InstanceSummary(instance_id=inst.content_hash, kind=inst.kind, n_hypotheses=inst.n_hypotheses,
-                           n_tests=inst.n_tests, n_classes=inst.n_classes, warnings=list(inst.warnings))
+                           n_tests=inst.n_tests, n_classes=inst.n_classes, warnings=list(inst.warnings),
+                           decisions=list(inst.decision_labels) if inst.is_decision else None)
 
 
 class _StepCache:
@@ -153,6 +155,7 @@ class Sessions:
             policy=policy, max_tests=request.max_tests,
             max_cost=None if request.max_cost is None else float(request.max_cost),
             confidence=None if request.confidence is None else float(request.confidence),
+            max_expected_loss=None if request.max_expected_loss is None else float(request.max_expected_loss),
             seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
         )
         state = self._state(record, compiled, explain)  # before storing: nothing is kept on failure
@@ -233,7 +236,8 @@ class Sessions:
         parsed = engine.parse_observations(compiled, [(o.test, o.outcome) for o in request.observations])
         observations = tuple((compiled.test_ids[t], compiled.outcome_labels[t][k]) for t, k in parsed)
         rules = engine.StopRules(request.max_tests, None if request.max_cost is None else float(request.max_cost),
-                                 None if request.confidence is None else float(request.confidence))
+                                 None if request.confidence is None else float(request.confidence),
+                                 None if request.max_expected_loss is None else float(request.max_expected_loss))
         state = self._compute(compiled, policy, rules, request.seed, observations)
         return _with_candidates(state, explain)
 
@@ -264,7 +268,7 @@ class Sessions:
         return tuple(fresh)
 
     def _step(self, record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> StepState:
-        rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence)
+        rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss)
         return self._compute(compiled, record.policy, rules, record.seed, observations)
 
     def _compute(self, compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
@@ -286,7 +290,8 @@ class Sessions:
 
 
 def _config_of(record: SessionRecord) -> tuple:
-    return (record.instance_id, record.policy, record.max_tests, record.max_cost, record.confidence, record.seed)
+    return (record.instance_id, record.policy, record.max_tests, record.max_cost, record.confidence, record.seed,
+            record.max_expected_loss)
 
 
 def _rfc3339(unix_seconds: float) -> str:
@@ -329,4 +334,18 @@ def _step_state(compiled: engine.CompiledInstance, policy: str, decision: engine
         version_space_size=int(belief.alive.size) if compiled.kind == "deterministic" else None,
         candidates=[Candidate(test=compiled.test_ids[t], score=float(scores[t]), cost=float(compiled.costs[t]))
                     for t in best],
+        **_decision_fields(compiled, belief),
     )
+
+
+def _decision_fields(compiled: engine.CompiledInstance, belief: engine.Belief) -> dict:
+    if not compiled.is_decision:
+        return {}
+    probability, losses = engine.decision_posterior(belief), engine.expected_loss(belief)
+    chosen = engine.choose_decision(probability, losses)
+    order = np.argsort(-probability, kind="stable")
+    return {
+        "decision": DecisionOut(id=compiled.decision_labels[chosen], probability=float(probability[chosen]),
+                                expected_loss=None if losses is None else float(losses[chosen])),
+        "decision_posterior": {compiled.decision_labels[d]: float(probability[d]) for d in order},
+    }

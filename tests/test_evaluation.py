@@ -46,13 +46,19 @@ def random_instance(seed: int, n: int = 9, n_tests: int = 6, n_classes: int = 3,
 @pytest.mark.parametrize("source", ["triage", "seed-1", "seed-2", "seed-3"])
 def test_tree_walk_equals_prior_weighted_simulation_of_every_hypothesis(source):
     inst = example(source) if not source.startswith("seed") else compile_wire(random_instance(int(source[5:])))
-    report = evaluate(inst, DETERMINISTIC_POLICIES, optimum=False)
+    policies = [*DETERMINISTIC_POLICIES, *(("hec", "direct") if inst.is_decision else ())]
+    report = evaluate(inst, policies, optimum=False)
     for result in report.policies:
         policy = engine.resolve_policy(inst, result.policy)
         runs = [engine.run_policy(inst, h, policy) for h in range(inst.n_hypotheses)]
         cost = np.array([r.cost for r in runs])
         tests = np.array([len(r.observations) for r in runs])
-        right = np.array([inst.class_index[h] == r.final_class for h, r in enumerate(runs)])
+        if inst.is_decision:  # triage: is the decision at the stop acceptable to the truth?
+            right = np.array([inst.acceptable[h, r.decision] for h, r in enumerate(runs)])
+            loss = np.array([inst.loss[h, r.decision] for h, r in enumerate(runs)])
+            assert result.expected_loss == pytest.approx(inst.prior @ loss, rel=1e-12)
+        else:
+            right = np.array([inst.class_index[h] == r.final_class for h, r in enumerate(runs)])
         assert result.method == "exact"
         assert result.expected_cost == pytest.approx(inst.prior @ cost, rel=1e-12)
         assert result.expected_tests == pytest.approx(inst.prior @ tests, rel=1e-12)
@@ -80,12 +86,13 @@ def test_the_optimum_is_never_above_any_policy_and_ec2_keeps_its_guarantee(seed)
 
 def test_stopping_early_is_reported_with_its_reason_and_accuracy():
     inst = example("triage")
-    report = evaluate(inst, ["ec2"], engine.StopRules(max_tests=2), optimum=False)
-    (ec2,) = report.policies
-    assert ec2.worst_case_tests == 2
-    assert 0 < ec2.stop_reasons["max_tests"] < 1
-    assert ec2.determined_share + ec2.stop_reasons["max_tests"] == pytest.approx(1.0)
-    assert ec2.accuracy < 1.0
+    report = evaluate(inst, ["ec2", "hec"], engine.StopRules(max_tests=3), optimum=False)
+    ec2, hec = report.policies
+    for result, settled in ((ec2, "determined"), (hec, "decided")):
+        assert result.worst_case_tests == 3
+        assert 0 < result.stop_reasons["max_tests"] < 1
+        assert result.stop_reasons[settled] + result.stop_reasons["max_tests"] == pytest.approx(1.0)
+        assert result.accuracy < 1.0 and result.expected_loss > 0
 
 
 # --- the paper's bad instances -----------------------------------------------------------------
@@ -196,7 +203,7 @@ def schema_validator():
     return jsonschema.Draft202012Validator(schema)
 
 
-@pytest.mark.parametrize("name,policy", [("triage", "ec2"), ("gbs_bad", "gbs"), ("noisy", None)])
+@pytest.mark.parametrize("name,policy", [("triage", "ec2"), ("triage", "hec"), ("gbs_bad", "gbs"), ("noisy", None)])
 def test_the_json_tree_validates_against_its_schema(schema_validator, name, policy):
     inst = example(name)
     document = json.loads(trees.export_tree(inst, policy, "json"))
@@ -214,6 +221,27 @@ def test_the_json_tree_validates_against_its_schema(schema_validator, name, poli
     if inst.kind == "likelihood":
         assert document["truncated_at_depth"] == trees.TreeLimits.max_depth
         assert any(leaf["truncated"] for leaf in leaves)
+
+
+def test_decision_trees_label_their_leaves_with_an_acceptable_decision():
+    inst = example("triage")
+    document = json.loads(trees.export_tree(inst, "hec", "json"))
+    assert document["instance"]["decisions"] == list(inst.decision_labels)
+    stack, leaves = [document["root"]], []
+    while stack:
+        node = stack.pop()
+        assert node["decision"] in inst.decision_labels
+        if "branches" in node:
+            stack.extend(b["node"] for b in node["branches"])
+        else:
+            leaves.append(node)
+    for leaf in leaves:
+        alive = [inst.hypothesis_ids.index(h) for h in leaf["hypotheses"]]
+        d = inst.decision_labels.index(leaf["decision"])
+        assert leaf["stop_reason"] == "decided" and inst.acceptable[alive, d].all()
+        assert leaf["decision_posterior"][leaf["decision"]] == pytest.approx(1.0)
+    dot = trees.export_tree(inst, "hec", "dot").decode()
+    assert all(f'label="{leaf["decision"]}' in dot for leaf in leaves)
 
 
 def test_the_schema_rejects_a_malformed_tree(schema_validator):

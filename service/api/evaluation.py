@@ -43,7 +43,8 @@ def evaluate_policies(instance_id: str) -> Response:
         time_limit=settings.evaluation_time_limit,
         max_policy_cells=settings.evaluation_max_policy_cells,
     )
-    rules = engine.StopRules(max_tests=body.max_tests, max_cost=body.max_cost, confidence=body.confidence)
+    rules = engine.StopRules(max_tests=body.max_tests, max_cost=body.max_cost, confidence=body.confidence,
+                             max_expected_loss=body.max_expected_loss)
     report = evaluate(inst, body.policies, rules, samples=body.samples, seed=body.seed,
                       optimum=body.optimum, limits=limits)
     return json_response({"instance_id": instance_id, **report.to_dict()})
@@ -55,7 +56,8 @@ def tree(instance_id: str) -> Response:
     if fmt not in TREE_FORMATS:
         raise InvalidParameter(f"format must be one of {', '.join(TREE_FORMATS)}, got {fmt!r}")
     rules = engine.StopRules(
-        max_tests=_int_arg("max_tests"), max_cost=_float_arg("max_cost"), confidence=_float_arg("confidence"))
+        max_tests=_int_arg("max_tests"), max_cost=_float_arg("max_cost"), confidence=_float_arg("confidence"),
+        max_expected_loss=_float_arg("max_expected_loss"))
     settings = services().settings
     limits = trees.TreeLimits(max_nodes=settings.tree_max_nodes, max_depth=settings.tree_max_depth,
                               render_timeout=settings.evaluation_time_limit,
@@ -92,6 +94,10 @@ def _float_arg(name: str) -> float | None:
         value = float(raw)
     except ValueError:
         raise InvalidParameter(f"{name} must be a number, got {raw!r}") from None
+    if name == "max_expected_loss":  # a loss may be 0
+        if not 0 <= value < float("inf"):
+            raise InvalidParameter(f"{name} must be a finite number >= 0, got {raw!r}")
+        return value
     if not value > 0 or value == float("inf") or (name == "confidence" and value > 1):
         bound = "in (0, 1]" if name == "confidence" else "a finite number > 0"
         raise InvalidParameter(f"{name} must be {bound}, got {raw!r}")

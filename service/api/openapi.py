@@ -137,6 +137,7 @@ TREE_PARAMETERS = [
     {"name": "max_cost", "in": "query", "required": False, "schema": {"type": "number", "exclusiveMinimum": 0}},
     {"name": "confidence", "in": "query", "required": False,
      "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
+    {"name": "max_expected_loss", "in": "query", "required": False, "schema": {"type": "number", "minimum": 0}},
     {"name": "seed", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}},
     {"name": "depth", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}},
 ]

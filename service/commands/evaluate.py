@@ -46,11 +46,15 @@ def add_stop_rules(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tests", type=int, default=None, help="stop after this many tests")
     parser.add_argument("--max-cost", type=float, default=None, help="never spend more than this")
     parser.add_argument("--confidence", type=float, default=None,
-                        help="stop when a class reaches this posterior (likelihood default 0.95)")
+                        help="stop when a class (decision instances: a decision's acceptability) "
+                        "reaches this posterior (likelihood default 0.95)")
+    parser.add_argument("--max-expected-loss", type=float, default=None,
+                        help="decision instances with losses: stop once the least expected loss is at most this")
 
 
 def stop_rules(args: argparse.Namespace) -> engine.StopRules:
-    return engine.StopRules(max_tests=args.max_tests, max_cost=args.max_cost, confidence=args.confidence)
+    return engine.StopRules(max_tests=args.max_tests, max_cost=args.max_cost, confidence=args.confidence,
+                            max_expected_loss=args.max_expected_loss)
 
 
 def _names(text: str) -> list[str]:

@@ -21,7 +21,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("instance", type=Path, help="instance JSON file")
     parser.add_argument("--policy", default=None,
-                        help="policy name (default: ec2, or effecxtive for likelihood instances)")
+                        help="policy name (default: hec for decision instances, ec2, or effecxtive for "
+                        "likelihood instances)")
     parser.add_argument("--format", choices=trees.FORMATS, default=None,
                         help="output format (default: from the -o suffix, else json)")
     parser.add_argument("-o", "--output", type=Path, default=None, help="output file (default stdout)")

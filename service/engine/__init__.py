@@ -19,6 +19,7 @@ from .errors import (
     InfeasibleComputation,
     InstanceTooLarge,
     PolicyNotApplicable,
+    StopRuleNotApplicable,
     UnknownOutcome,
     UnknownPolicy,
     UnknownTest,
@@ -28,12 +29,15 @@ from .evaluate import (
     TreeNode,
     expected_cost,
     expected_tests,
+    final_decision,
+    optimal_decision_cost,
     optimal_expected_cost,
     policy_tree,
     run_policy,
     worst_case_cost,
 )
 from .policies import POLICIES, Policy
+from .regions import choose_decision, decision_posterior, expected_loss
 from .select import (
     DEFAULT_LIKELIHOOD_CONFIDENCE,
     Decision,

@@ -8,18 +8,21 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 
 from .compiled import CompiledInstance
 from .errors import ConflictingObservation, InconsistentObservation, UnknownOutcome, UnknownTest
+from .regions import PowerSums, power_sums, region_sets
 
 Observation = tuple[int, int]  # (test index, outcome index)
 
 # The statistics a policy may ask for beyond p (always computed): see :class:`OutcomeStats`.
 STATISTICS = frozenset({"sum_sq", "sum_xlogx", "max"})
+# Decision instances only: power sums over decision regions (service/engine/regions.py).
+REGION_STATISTICS = frozenset({"hyperedge_sums", "region_sums"})
 
 # Cells (rows × tests) per block when accumulating α. Two reasons, both measured in bench/engine.py:
 # the block's float64 image stays in cache, and it stays under OpenBLAS's threshold for threading
@@ -55,6 +58,12 @@ class OutcomeStats:
     sum_sq: np.ndarray | None = None
     sum_xlogx: np.ndarray | None = None
     max: np.ndarray | None = None
+    # Decision instances: q_j over V and V ∩ R_S for HEC (j ≤ k, S every set some hypothesis
+    # accepts) and for DiRECt (j ≤ 2, S each decision), with HEC's k and signs (-1)^(|S|+1).
+    hyperedge_sums: PowerSums | None = None
+    region_sums: PowerSums | None = None
+    hyperedge_order: int = 0
+    hyperedge_signs: np.ndarray | None = None
 
 
 def xlog2x(x: np.ndarray) -> np.ndarray:
@@ -145,7 +154,22 @@ class Belief:
           Σ_i a^m and Σ_i a log a are the weights w, w², w log w against the one-hot [X = x] (one
           GEMM); a block of other small classes sums its rows per class with ``np.add.reduceat``.
         """
-        return _accumulate(self, frozenset(statistics))
+        wanted = frozenset(statistics)
+        if not wanted & REGION_STATISTICS:
+            return _accumulate(self, wanted)
+        inst = self.instance
+        extra: dict = {}
+        if "hyperedge_sums" in wanted:
+            extra.update(hyperedge_sums=power_sums(self, region_sets(inst, True), inst.hyperedge_order),
+                         hyperedge_order=inst.hyperedge_order, hyperedge_signs=inst.decision_intersections[1])
+        if "region_sums" in wanted:
+            extra["region_sums"] = power_sums(self, region_sets(inst, False), 2)
+        classes = wanted - REGION_STATISTICS
+        if classes:
+            return replace(_accumulate(self, classes), **extra)
+        # p from the sums themselves: q_1 over V is Σ_h a(h) P(x | h, t).
+        first = next(iter(v for v in extra.values() if isinstance(v, PowerSums)))
+        return OutcomeStats(p=first.after[0, 0], b=self.class_mass / self.total_mass, **extra)
 
 def observe(inst: CompiledInstance, observations: Sequence[Observation]) -> Belief:
     """The belief after ``observations`` (already parsed). Raises ``InconsistentObservation``

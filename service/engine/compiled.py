@@ -29,7 +29,13 @@ LABEL_OVERHEAD_BYTES = 64
 class CompiledInstance:
     """A problem instance as arrays.
 
-    Hypotheses are stored grouped by class, in their given order within a class.
+    Hypotheses are stored grouped by class, in their given order within a class (decision
+    instances: within a class grouped by acceptance row, then in their given order).
+
+    A decision instance also has ``decision_labels`` (D of them) and ``acceptable[h, d]`` (n × D
+    bool, every row has a True), plus ``loss[h, d]`` when losses were given. Its classes are the
+    paper's section 4 reduction: each hypothesis is in the class of its first acceptable decision,
+    labelled by that decision.
     ``outcomes[h, t]`` is the index (into ``outcome_labels[t]``) of the outcome hypothesis ``h``
     gives on test ``t`` (deterministic instances); ``likelihood[h, t, k] = P(X_t = k | h)``
     (likelihood instances). Exactly one of the two is set.
@@ -49,6 +55,9 @@ class CompiledInstance:
     outcomes: np.ndarray | None = None  # (n, N) smallest unsigned int dtype
     likelihood: np.ndarray | None = None  # (n, N, ℓ) float64
     warnings: tuple[str, ...] = field(default=())
+    decision_labels: tuple[str, ...] = ()
+    acceptable: np.ndarray | None = None  # (n, D) bool
+    loss: np.ndarray | None = None  # (n, D) float64 >= 0
 
     @property
     def kind(self) -> str:
@@ -65,6 +74,37 @@ class CompiledInstance:
     @property
     def n_classes(self) -> int:
         return len(self.class_labels)
+
+    @property
+    def is_decision(self) -> bool:
+        return self.acceptable is not None
+
+    @property
+    def n_decisions(self) -> int:
+        return len(self.decision_labels)
+
+    @cached_property
+    def acceptance_patterns(self) -> tuple[np.ndarray, np.ndarray]:
+        """(patterns, pattern_of): the distinct rows of ``acceptable`` (G × D bool, sorted) and
+        each hypothesis's row among them (n,). The region objectives sum per pattern."""
+        patterns, pattern_of = np.unique(self.acceptable, axis=0, return_inverse=True)
+        return patterns, pattern_of.reshape(-1)
+
+    @cached_property
+    def hyperedge_order(self) -> int:
+        """HEC's hyperedge size k = max_h |{d : d acceptable to h}| + 1: then every k surviving
+        hypotheses sharing a decision implies all of them share one (a Helly-type argument,
+        docs/decisions.md)."""
+        return int(self.acceptable.sum(axis=1).max()) + 1
+
+    @cached_property
+    def decision_intersections(self) -> tuple[np.ndarray, np.ndarray]:
+        """(subsets, signs): every nonempty set S of decisions some hypothesis accepts all of
+        (S × D bool), with the inclusion-exclusion sign (-1)^(|S|+1). Hypotheses sharing a
+        decision are counted over these sets only: a set nobody accepts holds no mass."""
+        subsets = np.unique(np.concatenate([_nonempty_subsets(p) for p in self.acceptance_patterns[0]]), axis=0)
+        signs = np.where(subsets.sum(axis=1) % 2 == 1, 1.0, -1.0)
+        return subsets, signs
 
     @property
     def max_outcomes(self) -> int:
@@ -96,7 +136,8 @@ class CompiledInstance:
 
     @cached_property
     def nbytes(self) -> int:
-        arrays = (self.costs, self.class_index, self.prior, self.outcomes, self.likelihood)
+        arrays = (self.costs, self.class_index, self.prior, self.outcomes, self.likelihood,
+                  self.acceptable, self.loss)
         return sum(a.nbytes for a in arrays if a is not None)
 
     @cached_property
@@ -123,7 +164,40 @@ class CompiledInstance:
                 rows = max(1, (1 << 20) // max(1, array[:1].nbytes))
                 for start in range(0, max(len(array), 1), rows):
                     digest.update(np.ascontiguousarray(array[start:start + rows], dtype=dtype).data)
+        if self.is_decision:  # class instances hash as they always did
+            put("\x1f".join(self.decision_labels).encode())
+            for array in (self.acceptable.astype("|u1"), self.loss):
+                if array is not None:
+                    canonical = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+                    put(f"{canonical.dtype.str}{canonical.shape}".encode())
+                    put(canonical.tobytes())
         return digest.hexdigest()
+
+
+def _nonempty_subsets(pattern: np.ndarray) -> np.ndarray:
+    """Every nonempty subset of the decisions in ``pattern`` (D bool) as rows (2^s − 1 × D)."""
+    members = np.flatnonzero(pattern)
+    masks = np.arange(1, 1 << members.size)
+    chosen = (masks[:, None] >> np.arange(members.size)[None, :]) & 1 == 1
+    subsets = np.zeros((masks.size, pattern.size), dtype=bool)
+    subsets[:, members] = chosen
+    return subsets
+
+
+def check_decision_work(acceptable: np.ndarray, n_tests: int, width: int, max_cells: int) -> None:
+    """HEC keeps, per step, k power sums per (test, outcome) for V and for each set of decisions
+    some hypothesis accepts: at most Σ_patterns (2^|pattern| − 1) sets. Refuse before building
+    them when that many numbers would exceed the cell limit."""
+    patterns = np.unique(acceptable, axis=0)
+    sizes = patterns.sum(axis=1)
+    sets = int(((1 << sizes.astype(np.int64)) - 1).sum())
+    numbers = (1 + sets) * (int(sizes.max()) + 1) * n_tests * width
+    if numbers > max_cells:
+        raise InstanceTooLarge(
+            f"the hec objective on this instance keeps {numbers} numbers per step ({sets} sets of "
+            f"decisions × {int(sizes.max()) + 1} powers × {n_tests} tests × {width} outcomes); the limit is "
+            f"{max_cells} cells (max_cells): fewer overlapping decisions per hypothesis, or fewer tests"
+        )
 
 
 def smallest_uint_dtype(max_value: int) -> np.dtype:
@@ -146,6 +220,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
     n = instance.n_hypotheses
     _check_size(n, n_tests, 1, 1, max_cells, max_bytes, "the instance")
 
+    decision_labels, acceptable, loss = _decision_arrays(instance)
     if instance.hypotheses is not None:
         hyps = instance.hypotheses
         hypothesis_ids = tuple(h.id for h in hyps)
@@ -174,7 +249,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
                             likelihood[i, j, positions[j][label]] = p
     else:
         hypothesis_ids = tuple(instance.hypothesis_ids or (str(i) for i in range(n)))
-        classes = list(instance.classes)
+        classes = list(instance.classes) if instance.classes is not None else []
         raw_prior = instance.priors
         if instance.matrix is not None:
             widest = max((max(row) for row in instance.matrix if row), default=0)
@@ -199,7 +274,13 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
 
     prior = np.full(n, 1.0 / n) if raw_prior is None else np.asarray(raw_prior, dtype=np.float64)
     prior = prior / prior.sum()
-    class_labels = tuple(dict.fromkeys(classes))
+    if acceptable is not None:
+        # Section 4's reduction: the class of a hypothesis is its first acceptable decision.
+        first = acceptable.argmax(axis=1)
+        classes = [decision_labels[d] for d in first]
+        class_labels = tuple(decision_labels[d] for d in np.unique(first))  # in decision order
+    else:
+        class_labels = tuple(dict.fromkeys(classes))
     class_position = {c: i for i, c in enumerate(class_labels)}
     class_index = np.array([class_position[c] for c in classes], dtype=np.intp)
     costs = np.array([float(t.cost) for t in instance.tests])
@@ -210,14 +291,22 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
         likelihood = _normalise_rows(likelihood, outcome_labels)
     error_rates = _error_rates(instance)
     if likelihood is None and instance.max_flips is not None:
-        matrix, prior, class_index, hypothesis_ids = _expand_noisy_copies(
+        matrix, prior, class_index, hypothesis_ids, origin = _expand_noisy_copies(
             matrix, prior, class_index, hypothesis_ids, outcome_labels, test_ids,
             instance.max_flips, error_rates, max_cells, max_bytes,
         )
+        if acceptable is not None:  # a noisy copy accepts what its hypothesis accepts
+            acceptable = acceptable[origin]
+            loss = None if loss is None else loss[origin]
 
     # Store hypotheses grouped by class (stable within a class): each class is then a contiguous
     # block of rows, which is what makes the α(i, x) statistics one pass (Belief.outcome_stats).
     order = np.argsort(class_index, kind="stable")
+    if acceptable is not None:
+        # Decision instances: within a class, by acceptance row (stable), so each row's
+        # hypotheses are a contiguous run the region sums read without a copy (regions.py).
+        _, pattern = np.unique(acceptable, axis=0, return_inverse=True)
+        order = np.lexsort((pattern.reshape(-1), class_index))
     class_index, prior = class_index[order], prior[order]
     hypothesis_ids = tuple(hypothesis_ids[i] for i in order)
     if matrix is not None:
@@ -228,6 +317,9 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
         by_outcome = likelihood.transpose(0, 2, 1)
         likelihood = np.take(by_outcome, order, axis=0, out=np.empty(by_outcome.shape), mode="clip")
         likelihood = likelihood.transpose(0, 2, 1)
+    if acceptable is not None:
+        acceptable = np.ascontiguousarray(acceptable[order])
+        loss = None if loss is None else np.ascontiguousarray(loss[order])
     same_rows = None  # rows equal exactly when the hypotheses' likelihood rows are (noise only)
     if matrix is not None and instance.max_flips is None and error_rates.any():
         width = max(len(o) for o in outcome_labels)
@@ -250,9 +342,40 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
         prior=prior,
         outcomes=outcomes,
         likelihood=likelihood,
+        decision_labels=decision_labels,
+        acceptable=acceptable,
+        loss=loss,
     )
+    if acceptable is not None:
+        check_decision_work(acceptable, n_tests, compiled.max_outcomes, max_cells)
     object.__setattr__(compiled, "warnings", tuple(_warnings(compiled, same_rows)))
     return compiled
+
+
+def _decision_arrays(instance: Instance) -> tuple[tuple[str, ...], np.ndarray | None, np.ndarray | None]:
+    """(decision labels, acceptable n × D bool, loss n × D or None) of a decision instance;
+    ((), None, None) otherwise. Losses define acceptability through ``loss_tolerance``."""
+    if instance.decisions is None:
+        return (), None, None
+    labels = tuple(instance.decisions)
+    position = {d: j for j, d in enumerate(labels)}
+    loss = None
+    if instance.hypotheses is not None:
+        hyps = instance.hypotheses
+        if hyps[0].loss is not None:
+            loss = np.array([[float(h.loss[d]) for d in labels] for h in hyps]).reshape(len(hyps), len(labels))
+        else:
+            acceptable = np.zeros((len(hyps), len(labels)), dtype=bool)
+            for i, h in enumerate(hyps):
+                acceptable[i, [position[d] for d in h.acceptable]] = True
+            return labels, acceptable, None
+    elif instance.loss_matrix is not None:
+        loss = np.array(instance.loss_matrix, dtype=np.float64).reshape(-1, len(labels))
+    else:
+        return labels, np.array(instance.acceptable_matrix, dtype=bool).reshape(-1, len(labels)), None
+    tolerance = float(instance.loss_tolerance or 0.0)
+    acceptable = loss <= loss.min(axis=1, keepdims=True) + tolerance
+    return labels, acceptable, loss
 
 
 def _check_size(rows: int, n_tests: int, width: int, itemsize: int, max_cells: int, max_bytes: int,
@@ -401,17 +524,20 @@ def _expand_noisy_copies(matrix, prior, class_index, hypothesis_ids, outcome_lab
     weights_arr = np.array(weights)
     prior_out = (prior[:, None] * weights_arr[None, :] / weights_arr.sum()).reshape(-1)
     return (copies.reshape(-1, n_tests), prior_out / prior_out.sum(),
-            np.repeat(class_index, len(changes) + 1), tuple(names))
+            np.repeat(class_index, len(changes) + 1), tuple(names), np.repeat(np.arange(n), len(changes) + 1))
 
 
 def _warnings(inst: CompiledInstance, rows: np.ndarray | None = None) -> list[str]:
-    """Hypotheses of different classes that no test can tell apart (legal, but worth saying).
+    """Hypotheses of different classes (decision instances: sharing no acceptable decision)
+    that no test can tell apart (legal, but worth saying).
     ``rows``: a smaller array whose rows are equal exactly when the hypotheses' are."""
     if rows is None:
         rows = inst.outcomes if inst.outcomes is not None else np.round(
             inst.likelihood.reshape(inst.n_hypotheses, -1), 12)
     _, group = np.unique(rows, axis=0, return_inverse=True)
     group = group.reshape(-1)
+    if inst.is_decision:
+        return _decision_warnings(inst, group)
     # Groups holding more than one class: sort by (group, class) and look for changes inside groups.
     order = np.lexsort((inst.class_index, group))
     g, c = group[order], inst.class_index[order]
@@ -434,3 +560,17 @@ def _warnings(inst: CompiledInstance, rows: np.ndarray | None = None) -> list[st
 def log_p_min_bound(inst: CompiledInstance) -> float:
     """The paper's Theorem 2 factor 2 ln(1/p_min) + 1."""
     return 2.0 * math.log(1.0 / inst.p_min) + 1.0
+
+
+def _decision_warnings(inst: CompiledInstance, group: np.ndarray) -> list[str]:
+    messages = []
+    for gid in np.unique(group):
+        members = np.flatnonzero(group == gid)
+        if members.size > 1 and not inst.acceptable[members].all(axis=0).any():
+            names = ", ".join(
+                f"'{inst.hypothesis_ids[i]}' ({'/'.join(inst.decision_labels[d] for d in np.flatnonzero(inst.acceptable[i]))})"
+                for i in members[:5])
+            messages.append(f"indistinguishable: no test tells apart {names}, which share no acceptable decision")
+    if len(messages) > 10:
+        messages = messages[:10] + [f"... and {len(messages) - 10} more groups of indistinguishable hypotheses"]
+    return messages

@@ -43,3 +43,7 @@ class InfeasibleComputation(EngineError):
     """An exact computation (the optimal DP, a full tree) beyond the size it can be done in."""
 
     code = "infeasible"
+
+
+class StopRuleNotApplicable(EngineError):
+    """A stop rule the instance cannot apply (``max_expected_loss`` without losses)."""

@@ -19,6 +19,7 @@ from .belief import Belief, Observation, observe
 from .compiled import CompiledInstance
 from .errors import InfeasibleComputation
 from .policies import Policy
+from .regions import choose_decision, decision_posterior, expected_loss
 from .select import Decision, StopReason, StopRules, decide
 
 DEFAULT_MAX_TREE_NODES = 100_000
@@ -37,6 +38,8 @@ class RunResult:
     stop_reason: StopReason
     # MAP class before any test and after each observation: len(observations) + 1 entries.
     map_classes: tuple[int, ...]
+    # Decision instances: the decision reported at the stop (regions.choose_decision).
+    decision: int | None = None
 
     @property
     def final_class(self) -> int:
@@ -65,7 +68,7 @@ def run_policy(
         map_classes.append(int(np.argmax(decision.belief.class_mass)))
         if decision.done:
             return RunResult(true_hypothesis, tuple(observations), decision.belief.cost_spent,
-                             decision.stop_reason, tuple(map_classes))
+                             decision.stop_reason, tuple(map_classes), final_decision(decision.belief))
         t = decision.next_test
         if inst.outcomes is not None:
             outcome = int(inst.outcomes[true_hypothesis, t])
@@ -158,6 +161,13 @@ def policy_tree(
     return root
 
 
+def final_decision(belief: Belief) -> int | None:
+    """The decision a run reports where it stops (None on class instances)."""
+    if not belief.instance.is_decision:
+        return None
+    return choose_decision(decision_posterior(belief), expected_loss(belief))
+
+
 def _outcome_probability(inst: CompiledInstance, belief: Belief, t: int) -> np.ndarray:
     """p(x | x_A) summed from the hypotheses themselves, not from α: α's last outcome is
     β − Σ(others), whose round-off (1e-17) would open a branch no hypothesis can answer."""
@@ -245,3 +255,60 @@ def optimal_expected_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_
         if value is None:
             frames.append(solve(needed))
     return value
+
+
+def optimal_decision_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_DP_STATES,
+                          check: Check | None = None) -> float:
+    """min over feasible policies of the expected cost until a decision suits every hypothesis
+    left (decision instances; :func:`optimal_expected_cost` is the optimum over the classes).
+
+    OPT(V) = 0 when one decision is acceptable to all of V (or no test splits V); otherwise
+    min_t c(t) + Σ_x P(V_x)/P(V) · OPT(V_x) over tests that split V. Version spaces are memoised
+    by their member set and solved bottom-up from an explicit stack (no recursion, whatever the
+    depth); refuses (``InfeasibleComputation``) past ``max_states`` of them.
+    """
+    if inst.outcomes is None:
+        raise InfeasibleComputation("the exact optimum is defined for deterministic instances only")
+    outcomes, costs, prior, acceptable = inst.outcomes, inst.costs, inst.prior, inst.acceptable
+
+    def splits(members: np.ndarray) -> list[tuple[int, list[np.ndarray]]]:
+        """(test, the parts of V by its outcome) for every test that splits V."""
+        rows = outcomes[members]
+        out = []
+        for t in range(inst.n_tests):
+            column = rows[:, t]
+            if (column != column[0]).any():
+                out.append((t, [members[column == k] for k in np.unique(column)]))
+        return out
+
+    memo: dict[bytes, float] = {}
+    root = np.flatnonzero(prior > 0)
+    # (members, expanded): a version space is expanded once (its parts pushed above it), then
+    # solved when popped again, by which time every part is in the memo.
+    stack: list[tuple[np.ndarray, bool]] = [(root, False)]
+    while stack:
+        members, expanded = stack.pop()
+        key = members.tobytes()
+        if not expanded:
+            if key in memo:
+                continue
+            if len(memo) >= max_states:
+                raise InfeasibleComputation(
+                    f"the optimum needs more than {max_states} version spaces; it is exact only for "
+                    "small instances (about 20 hypotheses and 10 binary tests)"
+                )
+            if check is not None:
+                check()
+            options = [] if acceptable[members].all(axis=0).any() else splits(members)
+            if not options:
+                memo[key] = 0.0  # decided, or indistinguishable: no test separates what is left
+                continue
+            stack.append((members, True))
+            stack.extend((part, False) for _, parts in options for part in parts if part.tobytes() not in memo)
+            continue
+        mass = prior[members].sum()
+        memo[key] = min(
+            costs[t] + sum(prior[part].sum() / mass * memo[part.tobytes()] for part in parts)
+            for t, parts in splits(members)
+        )
+    return memo[root.tobytes()]

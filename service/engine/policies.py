@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from .belief import OutcomeStats, xlog2x
+from .regions import hyperedge_weight, region_edge_weights
 
 GainFunction = Callable[[OutcomeStats], np.ndarray]
 
@@ -33,6 +34,8 @@ class Policy:
     deterministic_only: bool = False
     summary: str = ""
     statistics: frozenset[str] = frozenset()  # read by gain beyond p and b
+    # Reads decision regions: runs on decision instances only, and stops when decided.
+    decision: bool = False
 
 
 def ec2_gain(stats: OutcomeStats) -> np.ndarray:
@@ -82,6 +85,67 @@ def random_gain(stats: OutcomeStats) -> np.ndarray:
     return ((stats.p > 1e-12).sum(axis=1) >= 2).astype(float)
 
 
+def _per_outcome(stats: OutcomeStats, power: int) -> tuple[np.ndarray, np.ndarray]:
+    """(p(x), 1/p(x)^power where p(x) > 0 else 0): how the posterior π(· | x) = a_x / p(x)
+    rescales a degree-``power`` sum."""
+    p = stats.p
+    with np.errstate(divide="ignore", over="ignore"):
+        inverse = np.where(p > 0, 1.0 / np.where(p > 0, p, 1.0) ** power, 0.0)
+    return p, np.where(np.isfinite(inverse), inverse, 0.0)
+
+
+def _splitting(stats: OutcomeStats, gain: np.ndarray) -> np.ndarray:
+    """0 for a test with one possible outcome: it cuts nothing, though the alternating sums above
+    may leave round-off of the order of 1e-16 / (remaining share) there."""
+    return np.where((stats.p > 0).sum(axis=1) >= 2, gain, 0.0)
+
+
+def hec_gain(stats: OutcomeStats) -> np.ndarray:
+    """HEC (hyperedge cutting): the expected share of the remaining hyperedge weight a test cuts.
+
+    Hyperedges are the multisets of k = max_h |acceptable(h)| + 1 hypotheses sharing no acceptable
+    decision, w(e) = Π_{h ∈ e} P(h); with W(A) their weight inside A (:func:`hyperedge_weight`,
+    inclusion-exclusion over the decision sets, no enumeration):
+
+    * deterministic: Δ_HEC(t) = [W(V) − Σ_x p(x) W(V ∩ {X_t = x})] / W(V);
+    * likelihood, on the posterior: [W(π) − Σ_x p(x) W(π(· | x))] / W(π), where W(π(· | x))
+      = W(a_x)/p(x)^k since W is homogeneous of degree k.
+
+    Dividing by W(V) (constant over tests) makes the zero tolerance relative."""
+    sums, k, signs = stats.hyperedge_sums, stats.hyperedge_order, stats.hyperedge_signs
+    remaining = float(hyperedge_weight(sums.now, signs, k))
+    if sums.decided or remaining <= 0:
+        return np.zeros(stats.p.shape[0])
+    after = hyperedge_weight(sums.after, signs, k)  # (N, ℓ): W(a_x), unnormalised
+    p, inverse = _per_outcome(stats, k)
+    kept = p * after * inverse if sums.posterior else p * after
+    return _splitting(stats, 1.0 - kept.sum(axis=1) / remaining)
+
+
+def direct_gain(stats: OutcomeStats) -> np.ndarray:
+    """DiRECt: a noisy-OR of one edge-cutting problem per decision region.
+
+    Problem d joins every two distinct hypotheses that are not both in R_d, w({h, h′}) =
+    P(h)P(h′); it is solved when the survivors lie in R_d (or one is left), and the run is
+    decided exactly when some problem is solved. With w_d(A) the weight of problem d's edges
+    inside A (:func:`region_edge_weights`) the objective is 1 − Π_d w_d(V)/w_d(H), and the
+    expected gain relative to what remains is
+
+    * deterministic: Δ_DiRECt(t) = 1 − Σ_x p(x) Π_d w_d(V ∩ {X_t = x}) / w_d(V);
+    * likelihood, on the posterior: 1 − Σ_x p(x) Π_d w_d(π(· | x)) / w_d(π), where
+      w_d(π(· | x)) = w_d(a_x)/p(x)²."""
+    sums = stats.region_sums
+    now = region_edge_weights(sums.now)  # (D,)
+    if sums.decided or (now <= 0).any():
+        return np.zeros(stats.p.shape[0])
+    after = region_edge_weights(sums.after)  # (D, N, ℓ)
+    p, inverse = _per_outcome(stats, 2)
+    ratio = after / now[:, None, None]
+    if sums.posterior:
+        ratio = ratio * inverse[None]
+    return _splitting(stats, 1.0 - (p * np.prod(ratio, axis=0)).sum(axis=1))
+
+
 POLICIES: dict[str, Policy] = {
     policy.name: policy
     for policy in (
@@ -103,5 +167,11 @@ POLICIES: dict[str, Policy] = {
                summary="uncertainty sampling: entropy of the test's outcome"),
         Policy("random", random_gain,
                summary="a uniformly random informative test (seeded)"),
+        Policy("hec", hec_gain, decision=True,
+               summary="HEC: expected share of hyperedges (hypotheses sharing no decision) cut, per unit cost",
+               statistics=frozenset({"hyperedge_sums"})),
+        Policy("direct", direct_gain, decision=True,
+               summary="DiRECt: noisy-OR of one edge-cutting problem per decision region, per unit cost",
+               statistics=frozenset({"region_sums"})),
     )
 }

@@ -9,8 +9,9 @@ import numpy as np
 
 from .belief import Belief, Observation, observe
 from .compiled import CompiledInstance
-from .errors import PolicyNotApplicable, UnknownPolicy
+from .errors import PolicyNotApplicable, StopRuleNotApplicable, UnknownPolicy
 from .policies import POLICIES, Policy, ec2_gain
+from .regions import decided_by_all, decision_posterior, expected_loss
 
 # A normalised gain at or below this is zero: it is round-off, not information. Gains are
 # differences of sums of order 1 (absolute round-off near 1e-16), so the tolerance is absolute;
@@ -30,6 +31,9 @@ class StopReason(StrEnum):
     """Why a run stops; :func:`decide` checks them in this order and reports the first that holds."""
 
     DETERMINED = "determined"
+    # Decision policies on decision instances, in place of the two above: one decision is
+    # acceptable to every survivor, or probably enough (confidence / max_expected_loss).
+    DECIDED = "decided"
     CONFIDENCE_REACHED = "confidence_reached"
     MAX_TESTS = "max_tests"
     # Deterministic instances: no unrun test separates two surviving hypotheses of different
@@ -46,11 +50,14 @@ class StopRules:
     max_tests: int | None = None
     max_cost: float | None = None
     confidence: float | None = None
+    # Decision instances with losses: decided once the least expected loss is at most this.
+    max_expected_loss: float | None = None
 
     def effective_confidence(self, inst: CompiledInstance) -> float | None:
         if self.confidence is not None:
             return self.confidence
-        if inst.kind == "likelihood" and self.max_tests is None and self.max_cost is None:
+        if (inst.kind == "likelihood" and self.max_tests is None and self.max_cost is None
+                and self.max_expected_loss is None):
             return DEFAULT_LIKELIHOOD_CONFIDENCE
         return None
 
@@ -83,10 +90,14 @@ class Decision:
 
 def resolve_policy(inst: CompiledInstance, name: str | None) -> Policy:
     if name is None:
-        name = "ec2" if inst.kind == "deterministic" else "effecxtive"
+        name = "hec" if inst.is_decision else "ec2" if inst.kind == "deterministic" else "effecxtive"
     policy = POLICIES.get(name)
     if policy is None:
         raise UnknownPolicy(f"unknown policy '{name}'; choose one of {sorted(POLICIES)}")
+    if policy.decision and not inst.is_decision:
+        raise PolicyNotApplicable(
+            f"policy '{name}' needs a decision instance (top-level 'decisions' and per-hypothesis "
+            "'acceptable' or 'loss'); this instance has classes")
     if policy.deterministic_only and inst.kind != "deterministic":
         raise PolicyNotApplicable(
             f"policy '{name}' needs deterministic outcomes; for a likelihood instance use "
@@ -100,28 +111,40 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     eligible test maximising gain / cost; ties go to the earliest test in instance order."""
     inst = belief.instance
     scores = np.full(inst.n_tests, np.nan)
+    if rules.max_expected_loss is not None and inst.loss is None:
+        raise StopRuleNotApplicable("max_expected_loss needs a decision instance with losses ('loss' or 'loss_matrix')")
 
     def stop(reason: StopReason) -> Decision:
         return Decision(belief, None, reason, scores)
 
-    class_mass = belief.class_mass
-    if np.count_nonzero(class_mass) <= 1:
-        return stop(StopReason.DETERMINED)
     confidence = rules.effective_confidence(inst)
-    if confidence is not None and belief.class_posterior.max() >= confidence:
-        return stop(StopReason.CONFIDENCE_REACHED)
+    if policy.decision:
+        if _decided(belief, confidence, rules.max_expected_loss):
+            return stop(StopReason.DECIDED)
+    else:
+        # Class policies (on a decision instance: on section 4's reduction to classes).
+        if np.count_nonzero(belief.class_mass) <= 1:
+            return stop(StopReason.DETERMINED)
+        if confidence is not None and belief.class_posterior.max() >= confidence:
+            return stop(StopReason.CONFIDENCE_REACHED)
     if rules.max_tests is not None and len(belief.observations) >= rules.max_tests:
         return stop(StopReason.MAX_TESTS)
     unrun = ~belief.run_tests
     # One pass over the alive cells computes what the policy reads (and, on deterministic
     # instances, what the indistinguishability check reads: Δ_EC needs Σ_i a²).
-    statistics = policy.statistics | (POLICIES["ec2"].statistics if inst.kind == "deterministic" else frozenset())
+    class_edges = inst.kind == "deterministic" and not policy.decision
+    statistics = policy.statistics | (POLICIES["ec2"].statistics if class_edges else frozenset())
     stats = belief.outcome_stats(statistics)
-    if inst.kind == "deterministic":
+    if class_edges:
         # Policy-independent: can any unrun test still cut an edge between classes? A gain above
         # the tolerance says yes; otherwise the outcomes themselves decide, exactly (a class
         # too light for the tolerance is not "indistinguishable").
         if not (ec2_gain(stats)[unrun] > ZERO_GAIN).any() and not splits(belief, unrun):
+            return stop(StopReason.INDISTINGUISHABLE)
+    elif inst.kind == "deterministic":
+        # Undecided, so every split of V cuts a hyperedge: does an unrun test split V? The region
+        # sums give p(x) as sums of positive masses, exactly 0 for an outcome nobody in V gives.
+        if not ((stats.p[unrun] > 0).sum(axis=1) >= 2).any():
             return stop(StopReason.INDISTINGUISHABLE)
     if not unrun.any():
         return stop(StopReason.TESTS_EXHAUSTED)
@@ -147,6 +170,18 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     best = ratio.max()
     chosen = int(np.flatnonzero(ratio >= best - TIE_TOLERANCE * abs(best))[0])
     return Decision(belief, chosen, None, scores)
+
+
+def _decided(belief: Belief, confidence: float | None, max_expected_loss: float | None) -> bool:
+    """One decision suits every survivor; or some decision is acceptable with posterior
+    probability ≥ ``confidence`` (the likelihood default, or given); or (with losses) the least
+    expected loss is ≤ ``max_expected_loss``."""
+    if decided_by_all(belief):
+        return True
+    if confidence is not None and decision_posterior(belief).max() >= confidence:
+        return True
+    losses = expected_loss(belief)
+    return max_expected_loss is not None and losses is not None and losses.min() <= max_expected_loss
 
 
 def splits(belief: Belief, tests: np.ndarray) -> bool:

@@ -21,7 +21,8 @@ from .report import EvaluationReport  # noqa: E402
 # One colour per policy name, the same in every picture (tab10 order).
 POLICY_COLOURS = {
     "ec2": "tab:red", "effecxtive": "tab:orange", "gbs": "tab:blue", "infogain": "tab:green",
-    "voi": "tab:purple", "uncertainty": "tab:brown", "random": "tab:gray",
+    "voi": "tab:purple", "uncertainty": "tab:brown", "random": "tab:gray", "hec": "tab:olive",
+    "direct": "tab:pink",
 }
 
 

@@ -8,6 +8,10 @@ shown beside EC²'s guarantee 2 ln(1/p_min) + 1 (Theorem 2 of Golovin, Krause & 
 * Deterministic instances are evaluated **exactly**: the policy's decision tree is walked once
   (:func:`service.engine.policy_tree`); a leaf reached with prior mass P(V_leaf) contributes
   P(V_leaf) · cost(path). No sampling, no error bars.
+* Decision instances (docs/decisions.md): accuracy is the probability that the decision reported
+  at the stop is acceptable to the true hypothesis, the expected loss is that of the reported
+  decision (the given losses, else 1 for an unacceptable decision and 0 otherwise), and the
+  optimum is the cheapest policy that reaches a decision (:func:`optimal_decision_cost`).
 * Likelihood instances cannot be walked to the end (every outcome stays possible), so they are
   evaluated by **seeded Monte Carlo**: true hypotheses drawn from the prior, answers drawn from
   P(x | h, t) by :func:`service.engine.run_policy`, with 95 % confidence intervals.
@@ -29,7 +33,9 @@ from service.engine import (
     StopReason,
     StopRules,
     TreeNode,
+    final_decision,
     log_p_min_bound,
+    optimal_decision_cost,
     optimal_expected_cost,
     policy_tree,
     resolve_policy,
@@ -82,7 +88,7 @@ class PolicyEvaluation:
     expected_tests: float
     worst_case_cost: float  # Monte Carlo: the largest cost seen
     worst_case_tests: int
-    accuracy: float  # P(MAP class at the stop = true class)
+    accuracy: float  # P(MAP class at the stop = true class); decisions: P(decision acceptable)
     stop_reasons: dict[str, float]  # stop reason -> share of runs (probability mass)
     per_class: list[ClassCost]
     # Monte Carlo only: sample size and 95 % intervals (normal for the means, Wilson for accuracy).
@@ -94,6 +100,9 @@ class PolicyEvaluation:
     accuracy_by_tests: list[float] | None = None
     ratio_to_optimum: float | None = None
     nodes: int | None = None  # exact only: size of the walked tree
+    # Decision instances: E[loss(true hypothesis, reported decision)] (Monte Carlo: with its interval).
+    expected_loss: float | None = None
+    expected_loss_ci: tuple[float, float] | None = None
 
     @property
     def determined_share(self) -> float:
@@ -126,8 +135,16 @@ class EvaluationReport:
 
 
 def default_policies(inst: CompiledInstance) -> list[str]:
-    """Every registered policy that applies to the instance's kind, in registry order."""
-    return [name for name, p in POLICIES.items() if inst.kind == "deterministic" or not p.deterministic_only]
+    """Every registered policy that applies to the instance, in registry order (decision
+    instances: the decision policies first)."""
+    names = [name for name, p in POLICIES.items()
+             if (inst.kind == "deterministic" or not p.deterministic_only) and (inst.is_decision or not p.decision)]
+    return sorted(names, key=lambda name: not POLICIES[name].decision)
+
+
+def decision_loss(inst: CompiledInstance) -> np.ndarray:
+    """loss[h, d]: the given losses, else 0 for an acceptable decision and 1 otherwise."""
+    return inst.loss if inst.loss is not None else (~inst.acceptable).astype(float)
 
 
 def evaluate(
@@ -189,11 +206,12 @@ def evaluate(
 
     opt, note, bound = None, None, None
     if inst.kind == "deterministic":
-        bound = log_p_min_bound(inst)
+        bound = None if inst.is_decision else log_p_min_bound(inst)
         if optimum:
             check()
             try:
-                opt = optimal_expected_cost(inst, max_states=limits.max_dp_states, check=check)
+                solve = optimal_decision_cost if inst.is_decision else optimal_expected_cost
+                opt = solve(inst, max_states=limits.max_dp_states, check=check)
             except EvaluationLimitExceeded:
                 # The policies' figures are done; only the optional optimum is left out.
                 note = (f"not computed: the optimum did not finish within the {limits.time_limit:g} s "
@@ -214,7 +232,7 @@ def evaluate(
         n_classes=inst.n_classes,
         p_min=inst.p_min,
         rules={"max_tests": rules.max_tests, "max_cost": rules.max_cost,
-               "confidence": rules.effective_confidence(inst)},
+               "confidence": rules.effective_confidence(inst), "max_expected_loss": rules.max_expected_loss},
         seed=seed,
         policies=results,
         optimum=opt,
@@ -262,6 +280,16 @@ def _from_tree(inst: CompiledInstance, name: str, tree: TreeNode) -> PolicyEvalu
     leaf_mass = mass.sum(axis=1)
     # MAP at the leaf is right exactly for the mass of the leaf's heaviest class.
     correct = mass.max(axis=1)
+    accuracy, loss = float(correct.sum()), None
+    if inst.is_decision:
+        # The leaf's decision, against each hypothesis alive there (prior masses).
+        losses = decision_loss(inst)
+        accuracy = loss = 0.0
+        for leaf in leaves:
+            d = final_decision(leaf.belief)
+            alive, weight = leaf.belief.alive, inst.prior[leaf.belief.alive]
+            accuracy += float(weight @ inst.acceptable[alive, d])
+            loss += float(weight @ losses[alive, d])
     return PolicyEvaluation(
         policy=name,
         method="exact",
@@ -269,10 +297,11 @@ def _from_tree(inst: CompiledInstance, name: str, tree: TreeNode) -> PolicyEvalu
         expected_tests=float(leaf_mass @ depth),
         worst_case_cost=float(cost.max()),
         worst_case_tests=int(depth.max()),
-        accuracy=float(correct.sum()),
+        accuracy=accuracy,
         stop_reasons=_shares(reasons, leaf_mass),
         per_class=_per_class(inst, mass, cost, depth, correct_mass=_map_mass(mass)),
         nodes=sum(1 for _ in tree.nodes()),
+        expected_loss=loss,
     )
 
 
@@ -326,6 +355,7 @@ def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEv
     tests = np.empty(samples)
     reasons: list[str] = []
     trajectories: list[tuple[int, ...]] = []
+    decisions: list[int | None] = []
     tick = max(1, samples // 100)
     for i, h in enumerate(truths.tolist()):
         # One generator per sample, keyed by (seed, sample): a policy's result does not depend on
@@ -335,6 +365,7 @@ def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEv
         tests[i] = len(run.observations)
         reasons.append(run.stop_reason.value)
         trajectories.append(run.map_classes)
+        decisions.append(run.decision)
         if progress and (i + 1) % tick == 0:
             progress(tick)
     if progress and samples % tick:
@@ -349,6 +380,12 @@ def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEv
     one_hot = np.zeros((samples, inst.n_classes))
     one_hot[np.arange(samples), true_class] = 1.0
     accuracy = float(right.mean())
+    loss = loss_ci = None
+    if inst.is_decision:
+        chosen = np.array(decisions, dtype=np.intp)
+        accuracy = float(inst.acceptable[truths, chosen].mean())
+        run_loss = decision_loss(inst)[truths, chosen]
+        loss, loss_ci = float(run_loss.mean()), _mean_interval(run_loss)
     return PolicyEvaluation(
         policy=policy.name,
         method="monte_carlo",
@@ -364,6 +401,8 @@ def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEv
         expected_tests_ci=_mean_interval(tests),
         accuracy_ci=_wilson(accuracy, samples),
         accuracy_by_tests=right_by_step.mean(axis=0).tolist(),
+        expected_loss=loss,
+        expected_loss_ci=loss_ci,
     )
 
 
@@ -387,7 +426,10 @@ def format_tables(report: EvaluationReport, markdown: bool = False) -> str:
     """The report as text: one row per policy, then the mean cost per class. ``markdown`` gives
     pipe tables (docs/evaluation.md is made with it); otherwise aligned columns for a terminal."""
     monte_carlo = any(p.method == "monte_carlo" for p in report.policies)
+    decisions = any(p.expected_loss is not None for p in report.policies)
     header = ["policy", "E[cost]", "E[tests]", "worst cost", "accuracy", "how runs end"]
+    if decisions:
+        header.insert(5, "E[loss]")
     if report.optimum is not None:
         header.append("cost / OPT")
     rows = []
@@ -400,6 +442,11 @@ def format_tables(report: EvaluationReport, markdown: bool = False) -> str:
             accuracy += f" [{p.accuracy_ci[0]:.1%}, {p.accuracy_ci[1]:.1%}]"
         ends = ", ".join(f"{reason} {share:.1%}" for reason, share in p.stop_reasons.items())
         row = [p.policy, cost, _num(p.expected_tests), _num(p.worst_case_cost), accuracy, ends]
+        if decisions:
+            loss = _num(p.expected_loss)
+            if p.expected_loss_ci is not None:
+                loss += f" ± {_num((p.expected_loss_ci[1] - p.expected_loss_ci[0]) / 2)}"
+            row.insert(5, loss)
         if report.optimum is not None:
             row.append(_num(p.ratio_to_optimum) if p.ratio_to_optimum is not None else "-")
         rows.append(row)
@@ -412,8 +459,11 @@ def format_tables(report: EvaluationReport, markdown: bool = False) -> str:
         facts.append(f"Monte Carlo, {samples} runs per policy, seed {report.seed}; ± is a 95 % interval")
     else:
         facts.append("exact: expected values from walking each policy's decision tree")
+    if decisions:
+        facts.append("accuracy = P(the decision at the stop is acceptable); E[loss] of that decision")
     if report.optimum is not None:
-        facts.append(f"optimum OPT = {_num(report.optimum)} (dynamic programme)")
+        what = " until a decision suits every hypothesis left" if decisions else ""
+        facts.append(f"optimum OPT = {_num(report.optimum)} (dynamic programme{what})")
     elif report.optimum_note:
         facts.append(f"optimum: {report.optimum_note}")
     if report.ec2_bound is not None:

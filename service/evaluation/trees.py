@@ -27,8 +27,10 @@ from service.engine import (
     StopReason,
     StopRules,
     TreeNode,
+    decision_posterior,
     expected_cost,
     expected_tests,
+    final_decision,
     policy_tree,
     resolve_policy,
     worst_case_cost,
@@ -98,7 +100,7 @@ def build_tree(
         # Keep the confidence the policy would run with: capping max_tests alone would switch
         # off the likelihood default (StopRules.effective_confidence), changing the policy.
         rules = StopRules(max_tests=cut, max_cost=rules.max_cost,
-                          confidence=rules.effective_confidence(inst))
+                          confidence=rules.effective_confidence(inst), max_expected_loss=rules.max_expected_loss)
     check = None
     if limits.time_limit is not None:
         deadline = time.monotonic() + limits.time_limit
@@ -142,6 +144,11 @@ def tree_to_dict(inst: CompiledInstance, tree: TreeNode, policy: str, rules: Sto
             "class_posterior": {inst.class_labels[c]: float(posterior[c]) for c in np.flatnonzero(posterior > 0)},
             "map_class": inst.class_labels[top],
         }
+        if inst.is_decision:
+            out["decision"] = inst.decision_labels[final_decision(belief)]
+            probability = decision_posterior(belief)
+            out["decision_posterior"] = {inst.decision_labels[d]: float(probability[d])
+                                         for d in np.flatnonzero(probability > 0)}
         if node.is_leaf:
             reason = node.decision.stop_reason
             out["stop_reason"] = reason.value if reason is not None else None
@@ -170,11 +177,13 @@ def tree_to_dict(inst: CompiledInstance, tree: TreeNode, policy: str, rules: Sto
             "id": inst.content_hash,
             "kind": inst.kind,
             "classes": list(inst.class_labels),
+            **({"decisions": list(inst.decision_labels)} if inst.is_decision else {}),
             "n_hypotheses": inst.n_hypotheses,
             "n_tests": inst.n_tests,
         },
         "rules": {"max_tests": rules.max_tests, "max_cost": rules.max_cost,
-                  "confidence": rules.effective_confidence(inst)},
+                  "confidence": rules.effective_confidence(inst),
+                  **({} if rules.max_expected_loss is None else {"max_expected_loss": rules.max_expected_loss})},
         "truncated_at_depth": cut,
         "summary": {
             "nodes": sum(1 for _ in tree.nodes()),
@@ -210,9 +219,11 @@ def _fmt(x: float) -> str:
 
 
 def tree_to_dot(document: dict) -> str:
-    """Graphviz DOT of the JSON document: tests as rounded boxes, leaves coloured by class."""
-    classes = document["instance"]["classes"]
+    """Graphviz DOT of the JSON document: tests as rounded boxes, leaves coloured by class (on a
+    decision instance: labelled and coloured by the decision)."""
+    classes = document["instance"].get("decisions", document["instance"]["classes"])
     colour = {label: CLASS_COLOURS[i % len(CLASS_COLOURS)] for i, label in enumerate(classes)}
+    settled = (StopReason.DETERMINED.value, StopReason.DECIDED.value)
     summary = document["summary"]
     title = (f"{document['policy']} policy tree — expected cost {_fmt(summary['expected_cost'])}, "
              f"expected tests {_fmt(summary['expected_tests'])}, worst case {_fmt(summary['worst_case_cost'])}")
@@ -237,13 +248,17 @@ def tree_to_dot(document: dict) -> str:
                 lines.append(f"  {node['id']} -> {child['id']} [label={_quote(edge)}];")
                 stack.append(child)
         else:
-            label = f"{node['map_class']}\nP {_fmt(node['probability'])} · cost {_fmt(node['cost'])}"
-            if node["stop_reason"] != StopReason.DETERMINED.value:
-                share = node["class_posterior"].get(node["map_class"], 0.0)
+            shown = node.get("decision", node["map_class"])
+            label = f"{shown}\nP {_fmt(node['probability'])} · cost {_fmt(node['cost'])}"
+            if node["stop_reason"] not in settled:
+                if "decision" in node:
+                    share = node["decision_posterior"].get(shown, 0.0)
+                else:
+                    share = node["class_posterior"].get(shown, 0.0)
                 label += f"\n{'cut here' if node['truncated'] else node['stop_reason']} ({share:.0%})"
-            style = "filled" if node["stop_reason"] == StopReason.DETERMINED.value else "\"filled,dashed\""
+            style = "filled" if node["stop_reason"] in settled else "\"filled,dashed\""
             lines.append(f"  {node['id']} [shape=ellipse, style={style}, "
-                         f"fillcolor=\"{colour.get(node['map_class'], '#ffffff')}\", label={_quote(label)}];")
+                         f"fillcolor=\"{colour.get(shown, '#ffffff')}\", label={_quote(label)}];")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -35,6 +35,7 @@ class SessionRecord:
     created_at: float = 0.0  # unix seconds
     expires_at: float = 0.0  # unix seconds; slides forward on every read and write
     tenant: str = DEFAULT_TENANT
+    max_expected_loss: float | None = None  # decision instances with losses
 
     def with_observations(self, observations: tuple[tuple[str, str], ...]) -> SessionRecord:
         return replace(self, observations=observations, version=self.version + 1)

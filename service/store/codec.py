@@ -29,9 +29,11 @@ _ALLOWED_DTYPES = {
     "prior": {"<f8"},
     "likelihood_by_outcome": {"<f8"},
     "outcomes": {"|u1", "<u2", "<u4", "<u8"},
+    "loss": {"<f8"},
+    "acceptable": {"|u1"},
 }
 # Encoding order: 8-byte items first, so offsets of float64 arrays stay multiples of 8.
-_ORDER = ("costs", "class_index", "prior", "likelihood_by_outcome", "outcomes")
+_ORDER = ("costs", "class_index", "prior", "likelihood_by_outcome", "loss", "outcomes", "acceptable")
 
 
 class CorruptInstance(ValueError):
@@ -50,6 +52,8 @@ def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
         else instance.likelihood.transpose(0, 2, 1).astype("<f8", copy=False),
         "outcomes": None if instance.outcomes is None
         else instance.outcomes.astype(instance.outcomes.dtype.newbyteorder("<"), copy=False),
+        "loss": None if instance.loss is None else instance.loss.astype("<f8", copy=False),
+        "acceptable": None if instance.acceptable is None else instance.acceptable.astype("|u1"),
     }
     descriptors, chunks, offset = [], [], 0
     for name in _ORDER:
@@ -72,6 +76,8 @@ def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
         "warnings": instance.warnings,
         "arrays": descriptors,
     }
+    if instance.is_decision:  # class instances keep the header they always had
+        header["decision_labels"] = instance.decision_labels
     return orjson.dumps(header), b"".join(chunks)
 
 
@@ -89,6 +95,7 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         class_labels = _labels(header["class_labels"])
         outcome_labels = tuple(_labels(o) for o in header["outcome_labels"])
         warnings = _labels(header["warnings"])
+        decision_labels = _labels(header["decision_labels"]) if "decision_labels" in header else ()
         kind, stated_hash, descriptors = header["kind"], header["content_hash"], header["arrays"]
     except (KeyError, TypeError) as exc:
         raise CorruptInstance(f"instance header lacks or mistypes a field: {exc}") from None
@@ -99,10 +106,16 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
     if len(outcome_labels) != n_tests or n == 0 or n_tests == 0:
         raise CorruptInstance("instance header label counts are inconsistent")
     width = max(len(o) for o in outcome_labels)
+    n_decisions = len(decision_labels)
     expected_shapes = {"costs": (n_tests,), "class_index": (n,), "prior": (n,),
-                       "outcomes": (n, n_tests), "likelihood_by_outcome": (n, None, n_tests)}
+                       "outcomes": (n, n_tests), "likelihood_by_outcome": (n, None, n_tests),
+                       "acceptable": (n, n_decisions), "loss": (n, n_decisions)}
     wanted = {"costs", "class_index", "prior",
               "outcomes" if kind == "deterministic" else "likelihood_by_outcome"}
+    if n_decisions:
+        wanted.add("acceptable")
+        if any(isinstance(d, dict) and d.get("name") == "loss" for d in descriptors or ()):
+            wanted.add("loss")
     if kind not in ("deterministic", "likelihood"):
         raise CorruptInstance(f"unknown instance kind {kind!r}")
 
@@ -144,6 +157,10 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         if (arrays["outcomes"] >= arity[None, :]).any():
             raise CorruptInstance("an outcome index points outside its test's outcome labels")
 
+    acceptable = arrays.get("acceptable")
+    if acceptable is not None and ((acceptable > 1).any() or not acceptable.any(axis=1).all()):
+        raise CorruptInstance("the acceptance matrix must be 0/1 with a 1 in every row")
+
     instance = CompiledInstance(
         test_ids=test_ids,
         outcome_labels=outcome_labels,
@@ -156,6 +173,9 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         likelihood=None if "likelihood_by_outcome" not in arrays
         else arrays["likelihood_by_outcome"].transpose(0, 2, 1),
         warnings=warnings,
+        decision_labels=decision_labels,
+        acceptable=None if acceptable is None else acceptable.astype(bool),
+        loss=arrays.get("loss"),
     )
     if instance.content_hash != stated_hash:
         raise CorruptInstance(f"instance bytes hash to {instance.content_hash}, the header says {stated_hash}")

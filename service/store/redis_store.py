@@ -100,7 +100,7 @@ _UNAVAILABLE_REPLIES = ("LOADING", "MASTERDOWN", "READONLY", "MISCONF", "OOM", "
                         "BUSY")
 
 _RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost", "confidence", "seed",
-                  "observations", "version", "created_at", "tenant")
+                  "observations", "version", "created_at", "tenant", "max_expected_loss")
 
 
 class RedisStore(SessionStore):
