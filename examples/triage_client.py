@@ -46,8 +46,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(error.detail)
         except EdgecutError as error:
             raise SystemExit(str(error)) from None
-    posterior = ", ".join(f"{label} {p:.2f}" for label, p in state.class_posterior.items())
-    print(f"{state.stop_reason}: {state.map_class} after cost {state.cost_spent:g} ({posterior})")
+    # A decision instance settles a disposition; a class instance, a class.
+    settled = state.decision.id if state.decision is not None else state.map_class
+    posterior = state.decision_posterior if state.decision_posterior is not None else state.class_posterior
+    shown = ", ".join(f"{label} {p:.2f}" for label, p in posterior.items())
+    print(f"{state.stop_reason}: {settled} after cost {state.cost_spent:g} ({shown})")
     return 0
 
 

@@ -28,10 +28,25 @@ TRIAGE = json.loads((ROOT / "examples" / "triage" / "instance.json").read_text()
 API_KEY = "client-test-key-0123456789"
 
 
-def truth_answers(instance: dict, hypothesis_id: str) -> tuple[dict[str, str], str]:
-    """A hypothesis's outcome on every test, and its class, read off the wire form."""
+def truth_answers(instance: dict, hypothesis_id: str) -> tuple[dict[str, str], set[str]]:
+    """A hypothesis's outcome on every test, and the results a session may end on when it is
+    the truth, read off the wire form: its class, or on a decision instance the decisions it
+    accepts (those within ``loss_tolerance`` of its least loss)."""
     hypothesis = next(h for h in instance["hypotheses"] if h["id"] == hypothesis_id)
-    return hypothesis["outcomes"], hypothesis.get("class", hypothesis_id)
+    if "acceptable" in hypothesis:
+        return hypothesis["outcomes"], set(hypothesis["acceptable"])
+    if "loss" in hypothesis:
+        least = min(hypothesis["loss"].values()) + instance.get("loss_tolerance", 0)
+        return hypothesis["outcomes"], {d for d, loss in hypothesis["loss"].items() if loss <= least}
+    return hypothesis["outcomes"], {hypothesis.get("class", hypothesis_id)}
+
+
+def result(state: SessionState) -> str:
+    """What the session settled: the decision on a decision instance, else the class."""
+    return state.decision.id if state.decision is not None else state.map_class
+
+
+STOPPED = "decided" if "decisions" in TRIAGE else "determined"
 
 
 def run_to_done(client: Client, instance_id: str, answers: dict[str, str], **options) -> SessionState:
@@ -60,17 +75,17 @@ def client(served):
 
 @pytest.mark.parametrize("truth", [h["id"] for h in TRIAGE["hypotheses"][::3]])
 def test_a_session_reaches_the_true_class_and_states_match_the_wire(client, served, truth):
-    answers, true_class = truth_answers(TRIAGE, truth)
+    answers, true_results = truth_answers(TRIAGE, truth)
     instance_id = client.create_instance(TRIAGE)
     state = run_to_done(client, instance_id, answers)
-    assert state.map_class == true_class and state.stop_reason == "determined"
+    assert result(state) in true_results and state.stop_reason == STOPPED
     assert [h.outcome for h in state.history] == [answers[h.test] for h in state.history]
     # The model is the server's JSON, field for field (read here without the client).
     raw = requests.get(f"{served.url}/v1/sessions/{state.session_id}", timeout=5).json()
     dumped = client.get_session(state.session_id).model_dump(exclude={"expires_at"})
     assert {k: v for k, v in dumped.items() if k in raw or v is not None} == \
         {k: v for k, v in raw.items() if k != "expires_at"}
-    assert dict(state)["map_class"] == true_class
+    assert dict(state)["map_class"] == state.map_class
 
 
 def test_an_instance_model_posts_like_its_dict(client):
@@ -132,7 +147,7 @@ def test_if_match_uses_the_last_seen_etag(client, served):
 
 def test_select_and_evaluate(client):
     instance_id = client.create_instance(TRIAGE)
-    answers, true_class = truth_answers(TRIAGE, TRIAGE["hypotheses"][-1]["id"])
+    answers, _ = truth_answers(TRIAGE, TRIAGE["hypotheses"][-1]["id"])
     session = run_to_done(client, instance_id, answers)
     observed = [(h.test, h.outcome) for h in session.history]
     step = client.select(instance_id, observed, explain=True)
@@ -274,10 +289,10 @@ def test_api_keys_and_sessions_over_two_workers(gunicorn_redis):
         with pytest.raises(EdgecutError) as refused:
             anonymous.create_instance(TRIAGE)
     assert (refused.value.status, refused.value.code) == (401, "unauthorized")
-    answers, true_class = truth_answers(TRIAGE, TRIAGE["hypotheses"][7]["id"])
+    answers, true_results = truth_answers(TRIAGE, TRIAGE["hypotheses"][7]["id"])
     with Client(gunicorn_redis.url, api_key=API_KEY) as client:
         state = run_to_done(client, client.create_instance(TRIAGE), answers)
-        assert state.map_class == true_class
+        assert result(state) in true_results
         for _ in range(4):  # either worker answers the same
             assert client.get_session(state.session_id).history == state.history
 
@@ -305,7 +320,7 @@ def wait_until_a_request_waits_unread(port: int, timeout: float = 20.0) -> None:
 def test_a_request_cut_by_a_killed_worker_is_retried(gunicorn_redis):
     """The request reaches a worker that is frozen, then killed -9: the connection is reset, the
     client retries on a worker the master starts in its place, and the session goes on."""
-    answers, true_class = truth_answers(TRIAGE, TRIAGE["hypotheses"][1]["id"])
+    answers, true_results = truth_answers(TRIAGE, TRIAGE["hypotheses"][1]["id"])
     failures: list[str] = []
     with Client(gunicorn_redis.url, api_key=API_KEY, backoff=0.2) as client:
         sleep = client._sleep
@@ -314,22 +329,22 @@ def test_a_request_cut_by_a_killed_worker_is_retried(gunicorn_redis):
         workers = gunicorn_redis.worker_pids()
         for pid in workers:  # every worker, so the request cannot land on a live one
             os.kill(pid, signal.SIGSTOP)
-        result: dict = {}
-        call = threading.Thread(target=lambda: result.update(
+        outcome: dict = {}
+        call = threading.Thread(target=lambda: outcome.update(
             state=client.observe(state.session_id, state.next_test.id, answers[state.next_test.id])))
         call.start()
         wait_until_a_request_waits_unread(gunicorn_redis.port)
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
         call.join(timeout=60)
-        assert not call.is_alive() and "state" in result, "the observation did not come back"
+        assert not call.is_alive() and "state" in outcome, "the observation did not come back"
         assert failures, "no attempt failed: the test did not cut a request"
         assert set(gunicorn_redis.worker_pids()).isdisjoint(workers)
-        after = result["state"]
+        after = outcome["state"]
         assert after.step == 1 and after.history[0].test == state.next_test.id
         while not after.done:
             after = client.observe(after.session_id, after.next_test.id, answers[after.next_test.id])
-        assert after.map_class == true_class
+        assert result(after) in true_results
 
 
 @pytest.mark.redis
@@ -357,7 +372,7 @@ def test_a_store_outage_is_waited_out_with_retry_after(tmp_path):
 
 
 @pytest.mark.parametrize("script, args, expected", [
-    ("triage_client.py", ["--condition", "appendicitis"], "determined: emergency"),
+    ("triage_client.py", ["--condition", "appendicitis"], "decided: emergency_department"),
     ("lotteries_client.py", ["--subjects", "1", "--tests", "3"], "after 3 tests (max_tests)"),
 ])
 def test_the_example_scripts_run(served, script, args, expected):
