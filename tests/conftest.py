@@ -70,6 +70,17 @@ def redis_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def served():
+    """``edgecut serve`` with the embedded store, as a user starts it (one per test module)."""
+    from live_server import EdgecutServe  # live_server imports this module
+
+    server = EdgecutServe({"REDIS_URL": "", "LOG_LEVEL": "warning"})
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def private_redis(tmp_path):
     """A redis-server of the test's own, for tests that stop, kill or reconfigure it."""

@@ -59,14 +59,6 @@ def run_to_done(client: Client, instance_id: str, answers: dict[str, str], **opt
 # --- the embedded store: edgecut serve, as a user starts it -----------------------------------
 
 
-@pytest.fixture(scope="module")
-def served():
-    server = EdgecutServe({"REDIS_URL": "", "LOG_LEVEL": "warning"})
-    server.wait_ready()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def client(served):
     with Client(served.url, timeout=10) as client:

@@ -50,14 +50,6 @@ def walk_tree(tree: dict, history: list[dict]) -> str:
 
 
 @pytest.fixture(scope="module")
-def served():
-    server = EdgecutServe({"REDIS_URL": "", "LOG_LEVEL": "warning"})
-    server.wait_ready()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def browser():
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does)")

@@ -191,6 +191,18 @@ def worst_case_cost(tree: TreeNode) -> float:
     return max(leaf.cost for leaf in tree.leaves())
 
 
+def _visit(solved: int, max_states: int, check: Check | None) -> None:
+    """The exact optimum is about to solve one more version space: refuse past ``max_states``
+    of them, or past the caller's time limit (``check``)."""
+    if solved >= max_states:
+        raise InfeasibleComputation(
+            f"the optimum needs more than {max_states} version spaces; it is exact only for "
+            "small instances (about 20 hypotheses and 10 binary tests)"
+        )
+    if check is not None:
+        check()
+
+
 def optimal_expected_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_DP_STATES,
                           check: Check | None = None) -> float:
     """min over feasible policies of the expected cost to determine the class.
@@ -211,13 +223,7 @@ def optimal_expected_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_
     memo: dict[bytes, float] = {}
 
     def solve(members: np.ndarray) -> Generator[np.ndarray, float, float]:
-        if len(memo) >= max_states:
-            raise InfeasibleComputation(
-                f"the optimum needs more than {max_states} version spaces; it is exact only for "
-                "small instances (about 20 hypotheses and 10 binary tests)"
-            )
-        if check is not None:
-            check()
+        _visit(len(memo), max_states, check)
         best = 0.0
         if np.unique(classes[members]).size > 1:
             best = np.inf
@@ -292,13 +298,7 @@ def optimal_decision_cost(inst: CompiledInstance, max_states: int = DEFAULT_MAX_
         if not expanded:
             if key in memo:
                 continue
-            if len(memo) >= max_states:
-                raise InfeasibleComputation(
-                    f"the optimum needs more than {max_states} version spaces; it is exact only for "
-                    "small instances (about 20 hypotheses and 10 binary tests)"
-                )
-            if check is not None:
-                check()
+            _visit(len(memo), max_states, check)
             options = [] if acceptable[members].all(axis=0).any() else splits(members)
             if not options:
                 memo[key] = 0.0  # decided, or indistinguishable: no test separates what is left
