@@ -37,9 +37,13 @@ class ObservationsRequest(_Request):
     """One observation ``{test, outcome}`` or several ``{observations: [...]}`` (all or nothing)."""
 
     # The two forms, for OpenAPI's generators (the validator below enforces the same).
+    # A field given as null counts as absent, as in the validator.
     model_config = ConfigDict(json_schema_extra={"oneOf": [
-        {"required": ["test", "outcome"], "not": {"required": ["observations"]}},
-        {"required": ["observations"], "not": {"anyOf": [{"required": ["test"]}, {"required": ["outcome"]}]}},
+        {"required": ["test", "outcome"], "properties": {"test": {"not": {"type": "null"}},
+                                                         "outcome": {"not": {"type": "null"}},
+                                                         "observations": {"type": "null"}}},
+        {"required": ["observations"], "properties": {"observations": {"not": {"type": "null"}},
+                                                      "test": {"type": "null"}, "outcome": {"type": "null"}}},
     ]})
 
     test: Label | None = None

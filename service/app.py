@@ -11,13 +11,19 @@ from flask import Flask
 
 from service.sessions import Sessions
 from service.settings import Settings, load_settings
-from service.store import SessionStore, create_store
+from service.store import Quotas, SessionStore, create_store
 
 from .api import evaluation, health, instances, observability, security, select, sessions
 from .api.context import EXTENSION, Services
 from .api.encoding import OrjsonProvider
 from .api.problems import register_problems
 from . import ui
+
+
+def quotas_of(settings: Settings) -> Quotas:
+    """The per-tenant quotas the settings ask for (0: no limit)."""
+    return Quotas(instances=settings.tenant_max_instances or None,
+                  stored_bytes=settings.tenant_max_stored_bytes or None, sessions=settings.tenant_max_sessions or None)
 
 
 def create_app(config: Settings | dict[str, Any] | None = None, *, store: SessionStore | None = None) -> Flask:
@@ -32,9 +38,9 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
     app.config.update(MAX_CONTENT_LENGTH=settings.max_body_bytes, JSON_SORT_KEYS=False)
     if store is None:
         store = create_store(settings.redis_url, session_ttl=settings.session_ttl, key_prefix=settings.key_prefix,
-                             instance_cache_bytes=settings.instance_cache_bytes)
+                             instance_cache_bytes=settings.instance_cache_bytes, quotas=quotas_of(settings))
     domain = Sessions(store, session_ttl=settings.session_ttl, max_cells=settings.max_cells,
-                      max_compiled_bytes=settings.max_compiled_bytes)
+                      max_compiled_bytes=settings.max_compiled_bytes, step_cache_bytes=settings.step_cache_bytes)
     app.extensions[EXTENSION] = Services(settings=settings, store=store, sessions=domain)
 
     register_problems(app, retry_after_seconds=settings.retry_after_seconds)

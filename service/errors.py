@@ -45,3 +45,9 @@ class IdempotencyKeyReused(ServiceError):
     code = "idempotency-key-reused"
 
 
+
+
+class SessionUnreadable(ServiceError):
+    """The stored session record is damaged: the session cannot go on (its id is logged)."""
+
+    code = "session-unreadable"

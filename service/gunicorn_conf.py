@@ -2,7 +2,9 @@
 (what ``edgecut serve`` and the Dockerfile run). Command-line flags override these values.
 
 * gthread workers: a step is short CPU work (numpy) plus Redis round trips; threads overlap the
-  waits, processes use the cores (``WEB_CONCURRENCY`` workers × ``WEB_THREADS`` threads).
+  waits, processes use the cores (``WEB_CONCURRENCY`` workers × ``WEB_THREADS`` threads). The
+  worker class is gthread's with whole requests read by its event loop first
+  (service/worker.py), so a stalled upload never holds a thread.
 * With the in-memory store (``REDIS_URL`` unset) sessions live in one process, so exactly one
   worker runs, whatever was asked.
 * Workers are recycled after ``max_requests`` (± jitter, so they do not all restart at once) and
@@ -29,7 +31,7 @@ except ConfigurationError as error:  # fail at start, with the operator's messag
     sys.exit(f"edgecut: {error}")
 
 bind = ["127.0.0.1:8000"]
-worker_class = "gthread"
+worker_class = "service.worker.BufferingWorker"
 workers = settings.workers
 threads = settings.web_threads
 timeout = 30

@@ -8,7 +8,9 @@ worker can serve any session and a replayed observation is naturally a no-op.
 
 from __future__ import annotations
 
+import logging
 import secrets
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -17,6 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 import numpy as np
+from pydantic import BaseModel
 
 from schemas.api import (
     Candidate,
@@ -40,9 +43,12 @@ from service.errors import (
     PreconditionFailed,
     SessionDone,
     SessionNotFound,
+    SessionUnreadable,
 )
 from service.metrics import OBSERVATIONS_APPLIED, SELECTION_SECONDS, SESSIONS_CREATED
-from service.store import DEFAULT_TENANT, SessionRecord, SessionStore, VersionConflict
+from service.store import DEFAULT_TENANT, CorruptRecord, SessionRecord, SessionStore, VersionConflict
+
+log = logging.getLogger(__name__)
 
 # Compare-and-set attempts before answering 409 concurrent-update. Re-applying is safe: the
 # observations are facts keyed by test, so a retry after losing sees its own work as a no-op.
@@ -72,40 +78,74 @@ class _StepCache:
     """A small per-process LRU of computed steps keyed by everything a step depends on
     (instance, policy, stop rules, seed, observations). A POST of an observation needs the state
     before it (is the session done?) and after it; the one before is usually the step this
-    worker answered last time, so it is not computed twice."""
+    worker answered last time, so it is not computed twice. Bounded by the bytes its entries
+    hold (keys and states, :func:`_deep_size`), not their number: a step of a long session
+    carries its whole history."""
 
-    def __init__(self, capacity: int = 2048):
-        self.capacity = capacity
-        self._entries: OrderedDict[tuple, StepState] = OrderedDict()
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._entries: OrderedDict[tuple, tuple[StepState, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: tuple) -> StepState | None:
         with self._lock:
-            state = self._entries.get(key)
-            if state is not None:
-                self._entries.move_to_end(key)
-            return state
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
 
     def put(self, key: tuple, state: StepState) -> None:
+        size = _deep_size(key) + _deep_size(state)
+        if size > self.max_bytes:
+            return
         with self._lock:
-            self._entries[key] = state
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.nbytes -= old[1]
+            self._entries[key] = (state, size)
+            self.nbytes += size
+            while self.nbytes > self.max_bytes:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self.nbytes -= evicted
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _deep_size(value, seen: set[int] | None = None) -> int:
+    """Bytes of ``value`` and everything it holds (pydantic models, containers, scalars), each
+    object once. Strings shared with the compiled instance are counted again: an overestimate,
+    which is the safe side for a bound."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return 0
+    seen.add(id(value))
+    size = sys.getsizeof(value)
+    if isinstance(value, BaseModel):
+        size += _deep_size(value.__dict__, seen)
+    elif isinstance(value, dict):
+        size += sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in value.items())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        size += sum(_deep_size(item, seen) for item in value)
+    elif hasattr(value, "__dataclass_fields__"):
+        size += sum(_deep_size(getattr(value, name), seen) for name in value.__dataclass_fields__)
+    return size
 
 
 class Sessions:
     """Instances and sessions over one :class:`SessionStore`."""
 
     def __init__(self, store: SessionStore, *, session_ttl: int, max_cells: int,
-                 max_compiled_bytes: int,
+                 max_compiled_bytes: int, step_cache_bytes: int = 64 * 1024 * 1024,
                  clock: Callable[[], float] = time.time):
         self.store = store
         self.session_ttl = session_ttl
         self.max_cells = max_cells
         self.max_compiled_bytes = max_compiled_bytes
         self.clock = clock
-        self._steps = _StepCache()
+        self._steps = _StepCache(step_cache_bytes)
 
     # --- instances ----------------------------------------------------------------------
 
@@ -159,6 +199,10 @@ class Sessions:
             seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
         )
         state = self._state(record, compiled, explain)  # before storing: nothing is kept on failure
+        if idempotency_key is not None:
+            bound = self.store.idempotency_binding(idempotency_key, tenant)
+            if bound is not None:  # a retry, or a reuse: answered without writing anything
+                return self._replay(bound, record, tenant, explain)
         if request.instance is not None:
             self.store.put_instance(compiled, tenant)
         self.store.create_session(record)
@@ -169,9 +213,12 @@ class Sessions:
         if bound is None:
             SESSIONS_CREATED.inc()
             return SessionResult(state, record.version, created=True)
-        # A retry: the key already made a session. Drop ours and answer with that one.
+        # A concurrent first use of the key won the claim. Drop ours and answer with that one.
         self.store.delete_session(record.session_id, tenant)
-        earlier = self.store.get_session(bound, tenant)
+        return self._replay(bound, record, tenant, explain)
+
+    def _replay(self, bound: str, record: SessionRecord, tenant: str, explain: bool) -> SessionResult:
+        earlier = self._stored_session(bound, tenant)
         if earlier is None:
             raise IdempotencyKeyReused(
                 "the session this Idempotency-Key created was deleted or has expired; use a new key")
@@ -244,10 +291,18 @@ class Sessions:
     # --- the steps ----------------------------------------------------------------------
 
     def _record(self, session_id: str, tenant: str) -> SessionRecord:
-        record = self.store.get_session(session_id, tenant)
+        record = self._stored_session(session_id, tenant)
         if record is None:
             raise SessionNotFound(f"no session '{session_id}' (unknown, expired or deleted)")
         return record
+
+    def _stored_session(self, session_id: str, tenant: str) -> SessionRecord | None:
+        try:
+            return self.store.get_session(session_id, tenant)
+        except CorruptRecord as error:
+            log.error("session %r of tenant %r is unreadable: %s", session_id, tenant, error)
+            raise SessionUnreadable(f"session '{session_id}' cannot be read back from the store; "
+                                    "start a new session (the incident is logged)") from None
 
     @staticmethod
     def _new_observations(compiled: engine.CompiledInstance, record: SessionRecord,

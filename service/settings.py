@@ -31,6 +31,13 @@ class Settings(BaseSettings):
         "seconds a session lives after its last read or write (instances: twice that after last use)"))
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description=(
         "larger request bodies are 413 `body-too-large` before they are parsed"))
+    # Requests are buffered by the worker's event loop (service/worker.py), so a slow client holds
+    # memory and a connection, never a thread.
+    request_read_timeout: float = Field(default=30.0, gt=0, le=3600, description=(
+        "seconds a client has to send a whole request, headers and body, once its connection is accepted "
+        "(408 `request-timeout`)"))
+    request_buffer_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description=(
+        "bytes of unfinished requests one worker buffers at once (503 `server-busy` past it)"))
     max_cells: int = Field(default=50_000_000, ge=1, description=(
         "numbers in the compiled tensor: n·N outcomes, n·N·ℓ likelihoods (given, or made by `noise`), "
         "copies·N after `max_flips`; counted before any array is built (413 `instance-too-large`)"))
@@ -48,7 +55,16 @@ class Settings(BaseSettings):
     key_prefix: str = Field(default="edgecut", pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description=(
         "prefix of every Redis key (several deployments can share one Redis)"))
     instance_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description=(
-        "per-worker LRU of compiled instances, bytes"))
+        "per-worker LRU of compiled instances, bytes (arrays and labels)"))
+    step_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, description=(
+        "per-worker LRU of computed steps, bytes (estimated from the objects held)"))
+    # What one tenant may keep stored at once, counted by the store with the write.
+    tenant_max_instances: int = Field(default=1_000, ge=0, description=(
+        "instances one tenant may have stored (429 `quota-exceeded`); 0: no limit"))
+    tenant_max_stored_bytes: int = Field(default=1024 * 1024 * 1024, ge=0, description=(
+        "bytes of one tenant's stored instances, as encoded (507 `storage-quota-exceeded`); 0: no limit"))
+    tenant_max_sessions: int = Field(default=100_000, ge=0, description=(
+        "live sessions one tenant may have (429 `quota-exceeded`); 0: no limit"))
     retry_after_seconds: int = Field(default=1, ge=1, le=3600, description=(
         "the `Retry-After` of a 503 (the store is unavailable)"))
     # --- Security and worker-protecting limits (docs/reliability.md) -------------------------
@@ -61,6 +77,11 @@ class Settings(BaseSettings):
             "per-tenant request rate, `<count>/<second|minute|hour>` (e.g. `50/second`); unset: none (429)"))
     rate_limit_burst: int | None = Field(default=None, ge=1, description=(
         "requests a tenant may send at once before the rate applies (default: RATE_LIMIT's count)"))
+    auth_failure_limit: str | None = Field(
+        default="20/minute", pattern=r"^(\s*[1-9][0-9]*\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*)?$",
+        description=("with API keys on: failed authentications one client address may make (as many at once "
+                     "as the count), then 429 for every `/v1` request from it until the rate allows another; "
+                     "empty: off"))
     cors_origins: str | None = Field(default=None, description=(
         "browser origins allowed by CORS, comma-separated, or `*`; unset: no CORS headers"))
     # Each limit below is answered 413 limit-exceeded, naming the variable.

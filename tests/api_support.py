@@ -118,5 +118,8 @@ class Delegating(SessionStore):
     def claim_idempotency_key(self, key, session_id, tenant=DEFAULT_TENANT):
         return self.inner.claim_idempotency_key(key, session_id, tenant)
 
+    def idempotency_binding(self, key, tenant=DEFAULT_TENANT):
+        return self.inner.idempotency_binding(key, tenant)
+
     def ping(self):
         return self.inner.ping()

@@ -120,7 +120,7 @@ class StoreUnderTest:
         if self.kind == "memory":
             from service.store.memory import MemoryStore
 
-            return MemoryStore(session_ttl=session_ttl, clock=self.clock)
+            return MemoryStore(session_ttl=session_ttl, clock=self.clock, quotas=options.get("quotas"))
         from service.store.redis_store import RedisStore
 
         options.setdefault("instance_cache_bytes", 64 * 1024 * 1024)

@@ -1,7 +1,8 @@
 """Live servers on free loopback ports. :class:`LiveServer`: a real gunicorn serving the app, for
 the fault tests, the live schemathesis run, the client's tests and bench/load.py; flags are given
-explicitly (gthread workers, as production) so a run depends only on the app and the environment
-it is handed. :class:`EdgecutServe`: the ``edgecut serve`` command itself, as a user starts it."""
+explicitly (the production worker class, service/worker.py) so a run depends only on the app and
+the environment it is handed. :class:`EdgecutServe`: the ``edgecut serve`` command itself, as a
+user starts it."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class LiveServer:
-    def __init__(self, env: dict[str, str], workers: int = 2, threads: int = 4, log: Path | None = None):
+    def __init__(self, env: dict[str, str], workers: int = 2, threads: int = 4, log: Path | None = None,
+                 worker_class: str = "service.worker.BufferingWorker"):
         self.port = free_port()
+        self.worker_class = worker_class
         self.workers = workers
         self.threads = threads
         self.env = {**os.environ, **env, "PYTHONPATH": str(REPO)}
@@ -33,7 +36,7 @@ class LiveServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> None:
-        argv = [sys.executable, "-m", "gunicorn", "--workers", str(self.workers), "--worker-class", "gthread",
+        argv = [sys.executable, "-m", "gunicorn", "--workers", str(self.workers), "--worker-class", self.worker_class,
                 "--threads", str(self.threads), "--bind", f"127.0.0.1:{self.port}", "--timeout", "30",
                 "--graceful-timeout", "3", "--log-level", "warning", "service.app:create_app()"]
         with open(self.log, "ab") as log:

@@ -17,10 +17,10 @@ import pytest
 import redis
 from api_support import TRIAGE
 
-from tests.builders import compile_wire
+from tests.builders import compile_wire, section3
 from service import engine
 from service.store import SessionRecord, StoreUnavailable, VersionConflict, codec
-from service.store.cache import InstanceCache
+from service.store.cache import InstanceCache, resident_bytes
 from service.store.redis_store import RedisStore
 
 NOISY = {**TRIAGE, "noise": 0.05}  # symmetric noise turns it into a likelihood instance
@@ -232,6 +232,14 @@ def test_idempotency_key_binds_once_per_tenant(store_env):
     assert store.claim_idempotency_key("retry-me", "s-9", tenant="clinic-b") is None
 
 
+def test_reading_an_idempotency_binding_binds_nothing(store_env):
+    store = store_env.make()
+    assert store.idempotency_binding("look") is None
+    assert store.claim_idempotency_key("look", "s-1") is None  # the look did not bind it
+    assert store.idempotency_binding("look") == "s-1"
+    assert store.idempotency_binding("look", tenant="clinic-b") is None
+
+
 def test_idempotency_keys_expire_with_sessions(store_env):
     store = store_env.make(session_ttl=2)
     assert store.claim_idempotency_key("k", "s-1") is None
@@ -323,16 +331,17 @@ def test_codec_refuses_corrupt_bytes(corruption):
 
 
 def test_instance_cache_stays_within_its_byte_budget():
-    small, noisy = compiled(), compiled(NOISY)
-    cache = InstanceCache(max_bytes=small.nbytes * 2 + 1)
+    small, big = compiled(), compile_wire(section3(40))
+    size = resident_bytes(small)
+    cache = InstanceCache(max_bytes=size * 2 + 1)
     cache.put(("t", "a"), small, 0.0)
     cache.put(("t", "b"), small, 0.0)
     assert cache.get(("t", "a")) is not None  # a is now the most recently used...
     cache.put(("t", "c"), small, 0.0)  # ...so b is the one evicted
     assert ("t", "b") not in cache and ("t", "a") in cache and ("t", "c") in cache
-    assert cache.nbytes == 2 * small.nbytes <= cache.max_bytes and cache.evictions == 1
-    assert noisy.nbytes > cache.max_bytes
-    assert cache.put(("t", "big"), noisy, 0.0) is False  # bigger than the budget: not cached...
+    assert cache.nbytes == 2 * size <= cache.max_bytes and cache.evictions == 1
+    assert resident_bytes(big) > cache.max_bytes
+    assert cache.put(("t", "big"), big, 0.0) is False  # bigger than the budget: not cached...
     assert len(cache) == 2  # ...and nothing flushed for it
 
 
@@ -434,7 +443,7 @@ def test_redis_cached_instance_is_rechecked_and_dropped_once_gone(redis_env):
 
 def test_redis_worker_cache_respects_its_byte_budget(redis_env):
     first, second = compiled(), compiled(NOISY)
-    store = redis_env.make(instance_cache_bytes=max(first.nbytes, second.nbytes))
+    store = redis_env.make(instance_cache_bytes=max(resident_bytes(first), resident_bytes(second)))
     store.put_instance(first)
     store.put_instance(second)
     assert store.cache.nbytes <= store.cache.max_bytes and len(store.cache) == 1

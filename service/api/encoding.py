@@ -16,11 +16,19 @@ import orjson
 from flask import Response, request
 from flask.json.provider import JSONProvider
 from pydantic import BaseModel, ValidationError
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from schemas.instance import json_path
 from service.errors import ServiceError
 
 from .limits import check_depth, check_request
+
+try:  # what gunicorn's body reader raises on bad chunked framing
+    from gunicorn.http.errors import ParseException as _GunicornParseError
+
+    _SERVER_PARSE_ERRORS: tuple[type[Exception], ...] = (_GunicornParseError,)
+except ImportError:  # another WSGI server
+    _SERVER_PARSE_ERRORS = ()
 
 Model = TypeVar("Model", bound=BaseModel)
 JSON_MEDIA_TYPE = "application/json"
@@ -32,6 +40,12 @@ class UnsupportedMediaType(ServiceError):
 
 class MalformedJson(ServiceError):
     code = "malformed-json"
+
+
+class UnreadableBody(ServiceError):
+    """The server could not read the body as framed (a malformed chunk, a client gone quiet)."""
+
+    code = "bad-request"
 
 
 class RequestValidationFailed(ServiceError):
@@ -88,11 +102,27 @@ def validation_errors(error: ValidationError) -> list[dict[str, str]]:
     return [{"path": json_path(tuple(e["loc"])), "message": e["msg"]} for e in error.errors(include_url=False)]
 
 
+def _read_body() -> bytes:
+    """The whole body; 413 past MAX_CONTENT_LENGTH whether or not it came with a length."""
+    try:
+        raw = request.get_data(cache=False)  # a Content-Length over the limit: 413 here, unread
+        limit = request.max_content_length
+        # A chunked body is cut at the limit silently (werkzeug's LimitedStream): one byte more
+        # left in the stream means it was longer.
+        if limit is not None and len(raw) >= limit and request.environ["wsgi.input"].read(1):
+            raise RequestEntityTooLarge()
+    except HTTPException:
+        raise
+    except (OSError, *_SERVER_PARSE_ERRORS) as error:
+        raise UnreadableBody(f"the request body could not be read: {error}") from None
+    return raw
+
+
 def parse_body(model: type[Model]) -> Model:
     if not _is_json(request.mimetype):
         shown = request.mimetype or "none"
         raise UnsupportedMediaType(f"send the body as {JSON_MEDIA_TYPE} (Content-Type was {shown})")
-    raw = request.get_data(cache=False)  # over MAX_CONTENT_LENGTH: werkzeug raises 413 here
+    raw = _read_body()
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as error:

@@ -4,6 +4,7 @@ instrumentation behind the metrics is in service/api/observability.py."""
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 
 from flask import Blueprint, Response
@@ -16,6 +17,7 @@ from .encoding import json_response
 from .problems import problem_response
 
 bp = Blueprint("health", __name__)
+log = logging.getLogger(__name__)
 
 
 @bp.get("/healthz")
@@ -28,7 +30,9 @@ def readyz() -> Response:
     try:
         services().store.ping()
     except StoreUnavailable as error:
-        return problem_response("store-unavailable", f"the session store does not answer: {error}",
+        # Open to anyone: say only "not ready"; where the store lives and why goes to the log.
+        log.warning("not ready: %s", error)
+        return problem_response("store-unavailable", "the session store does not answer",
                                 headers={"Retry-After": str(services().settings.retry_after_seconds)})
     return json_response({"status": "ready"}, headers={"Cache-Control": "no-store"})
 

@@ -31,11 +31,21 @@ from schemas.api import (
 )
 from schemas.instance import LABEL_MAX_LENGTH, Instance
 
+from service.engine import POLICIES
+from service.settings import Settings
+
 from .evaluation import TREE_FORMATS
 from .problems import PROBLEMS, TYPE_PREFIX
 
 REF = "#/components/schemas/{model}"
-STATUS_TEXT = {400: "Bad request: malformed JSON, an invalid header or query parameter",
+STATUS_TEXT = {400: ("Bad request: malformed JSON, an invalid header or query parameter, or a request that is "
+                    "not valid HTTP/1.1 (bad Content-Length, both Content-Length and Transfer-Encoding, "
+                    "a malformed chunk, a control character in a header)"),
+               408: "Request timeout: the whole request did not arrive within REQUEST_READ_TIMEOUT seconds",
+               414: "Request line too long (over 4094 bytes, e.g. an id of thousands of characters)",
+               417: "Expectation failed: an Expect header other than 100-continue",
+               431: "Request header fields too large (over gunicorn's limits)",
+               507: "The session store is full (Redis maxmemory); nothing was stored; retry after Retry-After seconds",
                404: "Not found", 405: "Method not allowed", 409: "Conflict", 410: "Gone: the instance expired",
                412: "Precondition failed: If-Match names a stale version",
                401: "Unauthorized: API keys are on (API_KEYS) and no valid `Authorization: Bearer` key came",
@@ -44,7 +54,11 @@ STATUS_TEXT = {400: "Bad request: malformed JSON, an invalid header or query par
                500: "Internal error (logged; no details are given)",
                429: "Too many requests: over the tenant's rate limit (RATE_LIMIT); retry after Retry-After seconds",
                501: "Not implemented here: a rendering tool (Graphviz) is not installed",
-               503: "The session store is unavailable; retry after Retry-After seconds"}
+               503: ("The session store is unavailable, or the server is receiving too many requests at once "
+                     "(server-busy); retry after Retry-After seconds")}
+# Refusals any request can meet before the application sees it (service/worker.py), and the
+# store's: documented on every operation.
+BELOW_THE_APPLICATION = (400, 408, 413, 414, 417, 431, 503)
 
 
 def _labels_accept_integers(node: Any) -> Any:
@@ -59,6 +73,39 @@ def _labels_accept_integers(node: Any) -> Any:
     if isinstance(node, list):
         return [_labels_accept_integers(value) for value in node]
     return node
+
+
+def _not_null() -> dict[str, Any]:
+    return {"not": {"type": "null"}}
+
+
+def _given(present: list[str], absent: list[str]) -> dict[str, Any]:
+    """A JSON Schema branch: ``present`` given and not null, ``absent`` missing or null."""
+    properties = {name: _not_null() for name in present} | {name: {"type": "null"} for name in absent}
+    return {"required": present, "properties": properties}
+
+
+# The cross-field rules of the wire models' validators (schemas/), in JSON Schema, so the
+# contract refuses what the server refuses. Rules that need the data itself (an outcome must be
+# one of its test's labels, priors must not all be 0, …) cannot be stated here; the server
+# answers them 422 with the JSON path of each problem.
+CROSS_FIELD_RULES: dict[str, dict[str, Any]] = {
+    "Instance": {"oneOf": [_given(["hypotheses"], ["matrix", "likelihood_matrix"]),
+                           _given(["matrix"], ["hypotheses", "likelihood_matrix"]),
+                           _given(["likelihood_matrix"], ["hypotheses", "matrix"])]},
+    "SessionCreate": {"oneOf": [_given(["instance_id"], ["instance"]), _given(["instance"], ["instance_id"])]},
+    "SelectRequest": {"oneOf": [_given(["instance_id"], ["instance"]), _given(["instance"], ["instance_id"])]},
+}
+
+
+def _policy_names(node: Any) -> None:
+    """A policy is one of the registered names (service/engine/policies.py), not any string."""
+    for option in node.get("anyOf", [node]):
+        if option.get("type") == "string":
+            option.pop("minLength", None), option.pop("maxLength", None)
+            option["enum"] = sorted(POLICIES)
+        elif option.get("type") == "array":
+            option["items"] = {"type": "string", "enum": sorted(POLICIES)}
 
 
 def _schemas() -> dict[str, Any]:
@@ -77,6 +124,12 @@ def _schemas() -> dict[str, Any]:
         "RFC 9457 problem details. `type` is `" + TYPE_PREFIX + "<code>`; the codes: "
         + ", ".join(f"`{code}` ({status})" for code, (status, _, _) in PROBLEMS.items()) + ".")
     schemas["Problem"]["properties"]["type"]["examples"] = [TYPE_PREFIX + "inconsistent"]
+    for name, rules in CROSS_FIELD_RULES.items():
+        schemas[name].update(rules)
+    for name, definition in schemas.items():
+        for field in ("policy", "policies"):
+            if field in definition.get("properties", {}):
+                _policy_names(definition["properties"][field])
     return schemas
 
 
@@ -124,7 +177,7 @@ SESSION_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"
 INSTANCE_ID = {"name": "instance_id", "in": "path", "required": True, "schema": {"type": "string"}}
 EXPLAIN = {"name": "explain", "in": "query", "required": False, "schema": {"type": "boolean", "default": False},
            "description": "Also list the best-scoring candidate tests with their scores"}
-IF_MATCH = {"name": "If-Match", "in": "header", "required": False, "schema": {"type": "string"},
+IF_MATCH = {"name": "If-Match", "in": "header", "required": False, "schema": {"type": "string", "minLength": 1},
             "description": 'A previous ETag (e.g. `"3"`); 412 when the session has moved on'}
 IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False,
                    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
@@ -132,14 +185,16 @@ IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False,
 
 TREE_PARAMETERS = [
     {"name": "format", "in": "query", "required": False, "schema": {"type": "string", "enum": list(TREE_FORMATS)}},
-    {"name": "policy", "in": "query", "required": False, "schema": {"type": "string"}},
+    {"name": "policy", "in": "query", "required": False, "schema": {"type": "string", "enum": sorted(POLICIES)}},
     {"name": "max_tests", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}},
     {"name": "max_cost", "in": "query", "required": False, "schema": {"type": "number", "exclusiveMinimum": 0}},
     {"name": "confidence", "in": "query", "required": False,
      "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
     {"name": "max_expected_loss", "in": "query", "required": False, "schema": {"type": "number", "minimum": 0}},
     {"name": "seed", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}},
-    {"name": "depth", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}},
+    {"name": "depth", "in": "query", "required": False,
+     "schema": {"type": "integer", "minimum": 0, "maximum": Settings.model_fields["tree_max_depth"].default},
+     "description": "At most TREE_MAX_DEPTH (the default shown); deeper is 422"},
 ]
 
 
@@ -235,18 +290,24 @@ def build_spec() -> dict[str, Any]:
                                   "content": {"application/yaml": {"schema": {"type": "string"}}}},
                           **_problems(500)}}},
     }
-    # With API keys on every /v1 route may answer 401, and with a rate limit 429. The key is
-    # optional (``{}``): a service without API_KEYS takes anonymous requests.
+    # With API keys on every /v1 route may answer 401, and with a rate limit 429; every route
+    # that writes may meet a full store (507), and any request the refusals below the
+    # application. The key is optional (``{}``): a service without API_KEYS takes anonymous
+    # requests.
     for path, item in paths.items():
-        if path.startswith("/v1/"):
-            for operation in item.values():
-                operation["responses"] = dict(sorted({**operation["responses"], **_problems(401, 429)}.items()))
+        for method, operation in item.items():
+            extra = _problems(*BELOW_THE_APPLICATION)
+            if path.startswith("/v1/"):
+                extra.update(_problems(401, 429))
                 operation["security"] = [{"bearerApiKey": []}, {}]
+            if method in ("post", "delete"):
+                extra.update(_problems(507))
+            operation["responses"] = dict(sorted({**operation["responses"], **extra}.items()))
     problem_responses = {}
     for status, text in STATUS_TEXT.items():
         response: dict[str, Any] = {"description": text,
                                     "content": {"application/problem+json": {"schema": _ref("Problem")}}}
-        if status in (429, 503):
+        if status in (429, 503, 507):
             response["headers"] = {"Retry-After": HEADER["Retry-After"]}
         if status == 401:
             response["headers"] = {"WWW-Authenticate": {"description": 'Bearer realm="edgecut"',

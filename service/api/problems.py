@@ -16,7 +16,7 @@ from werkzeug.exceptions import HTTPException
 from schemas.api import Problem
 from service.engine import EngineError
 from service.errors import ServiceError
-from service.store import StoreUnavailable
+from service.store import QuotaExceeded, StoreFull, StoreUnavailable
 
 from .encoding import RequestValidationFailed, json_response
 
@@ -28,7 +28,9 @@ TYPE_PREFIX = "urn:edgecut:problem:"
 # code → (status, title, when a client gets it). openapi.yaml names every code, and docs/api.md's
 # table is generated from this one (python3 -m service.api.reference).
 PROBLEMS: dict[str, tuple[int, str, str]] = {
-    "bad-request": (400, "Bad request", "the request is malformed at the HTTP level"),
+    "bad-request": (400, "Bad request",
+                    "the request is malformed at the HTTP level: a bad `Content-Length`, both `Content-Length` "
+                    "and `Transfer-Encoding`, a malformed chunk, a control character in a header"),
     "malformed-json": (400, "Malformed JSON",
                        "the body is not JSON (NaN, Infinity, invalid UTF-8 and nesting deeper than 1024 included)"),
     "invalid-header": (400, "Invalid header", "a bad `Idempotency-Key` or `If-Match`"),
@@ -49,16 +51,29 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
                                "an `Idempotency-Key` already used for a different session request"),
     "instance-expired": (410, "Instance expired",
                          "the session's instance is no longer stored: post it again and start a new session"),
-    "precondition-failed": (412, "Precondition failed", "`If-Match` names a stale version"),
-    "body-too-large": (413, "Request body too large", "the body is over `MAX_BODY_BYTES`"),
+    "session-unreadable": (410, "Session unreadable",
+                           "the stored session record is damaged (logged with the request id); start a new session"),
+    "request-timeout": (408, "Request timeout",
+                        "the whole request did not arrive within `REQUEST_READ_TIMEOUT` seconds; the connection is "
+                        "closed"),
+    "precondition-failed": (412, "Precondition failed", "`If-Match` names a stale version, or is empty"),
+    "body-too-large": (413, "Request body too large",
+                       "the body is over `MAX_BODY_BYTES`, announced by `Content-Length` or as chunks arrive"),
     "instance-too-large": (413, "Instance too large",
                            "the compiled tensor (n·N, n·N·ℓ with likelihoods or `noise`, copies·N with "
                            "`max_flips`) over `MAX_CELLS`, or its bytes over `MAX_COMPILED_BYTES`"),
+    "uri-too-long": (414, "Request line too long", "a request line over 4 094 bytes (e.g. an id of thousands of "
+                                                   "characters)"),
     "unsupported-media-type": (415, "Unsupported media type",
                                "the body is not `application/json` (or `application/*+json`)"),
+    "expectation-failed": (417, "Expectation failed", "an `Expect` header other than `100-continue`"),
     "limit-exceeded": (413, "Over a service limit", "over a `MAX_*` limit, named in `detail`"),
     "rate-limited": (429, "Too many requests",
-                     "over the tenant's rate limit (`RATE_LIMIT`); retry after `Retry-After` seconds"),
+                     "over the tenant's rate limit (`RATE_LIMIT`), or too many failed authentications from this "
+                     "address (`AUTH_FAILURE_LIMIT`); retry after `Retry-After` seconds"),
+    "quota-exceeded": (429, "Tenant quota exceeded",
+                       "over `TENANT_MAX_INSTANCES` or `TENANT_MAX_SESSIONS`, named in `detail`; nothing is stored"),
+    "headers-too-large": (431, "Request headers too large", "the header section is over gunicorn's limits"),
     "validation-error": (422, "Invalid request",
                          "the body breaks the wire schema; `errors` lists each problem with its JSON path"),
     "unknown-test": (422, "Unknown test", "an observation names a test the instance does not have"),
@@ -72,12 +87,22 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "service-error": (400, "Request refused", "the service refused the request (`detail` says why)"),
     "internal-error": (500, "Internal server error", "a bug: logged with the request id, no details given"),
     "graphviz-missing": (501, "Graphviz not installed", "an SVG/PNG tree without Graphviz installed"),
-    "store-unavailable": (503, "Store unavailable", "Redis does not answer; `Retry-After` says when to retry"),
+    "unsupported-transfer-coding": (501, "Transfer coding not implemented",
+                                    "a transfer coding other than chunked (refused 400 by the worker first)"),
+    "store-unavailable": (503, "Store unavailable",
+                          "Redis does not answer, or is loading, busy or read-only; `Retry-After` says when to retry"),
+    "server-busy": (503, "Server busy",
+                    "the worker already buffers `REQUEST_BUFFER_BYTES` of unfinished requests; retry after "
+                    "`Retry-After` seconds"),
+    "store-full": (507, "Store full",
+                   "Redis is at its `maxmemory`; nothing was written, reads go on; retry after `Retry-After` seconds"),
+    "storage-quota-exceeded": (507, "Tenant storage quota exceeded",
+                               "the tenant's stored instances would pass `TENANT_MAX_STORED_BYTES`; nothing is stored"),
 }
 
 # Werkzeug's own HTTP errors (routing, body limit) by status.
-_HTTP_CODES = {400: "bad-request", 404: "not-found", 405: "method-not-allowed", 413: "body-too-large",
-               415: "unsupported-media-type"}
+_HTTP_CODES = {400: "bad-request", 404: "not-found", 405: "method-not-allowed", 408: "request-timeout",
+               413: "body-too-large", 415: "unsupported-media-type"}
 
 
 def problem_response(code: str, detail: str, errors: list[dict[str, str]] | None = None,
@@ -103,8 +128,17 @@ def register_problems(app: Flask, retry_after_seconds: int = 1) -> None:
     @app.errorhandler(StoreUnavailable)
     def _store_unavailable(error: StoreUnavailable) -> Response:
         log.warning("store unavailable: %s", error)
+        if isinstance(error, StoreFull):
+            return problem_response("store-full", "the session store is full; nothing was stored; retry later",
+                                    headers={"Retry-After": str(retry_after_seconds)})
         return problem_response("store-unavailable", "the session store is unavailable; retry shortly",
                                 headers={"Retry-After": str(retry_after_seconds)})
+
+    @app.errorhandler(QuotaExceeded)
+    def _quota(error: QuotaExceeded) -> Response:
+        code = "storage-quota-exceeded" if error.setting == "TENANT_MAX_STORED_BYTES" else "quota-exceeded"
+        return problem_response(code, f"{error}; stored instances expire after 2 × SESSION_TTL unused, sessions "
+                                      "after SESSION_TTL, or delete sessions you no longer need")
 
     @app.errorhandler(HTTPException)
     def _http(error: HTTPException) -> Response:

@@ -8,27 +8,33 @@ TAT to ``max(TAT, now) + T``. A refused request learns exactly when it would con
 
 With Redis (``REDIS_URL``) the TAT lives in Redis and one Lua script reads and moves it using the
 server's clock, so every worker of every host shares one budget per tenant. Without Redis it
-lives in this process (the in-memory store is one process anyway). A Redis that does not answer
-is a 503 like any other store failure, after at most one 0.5 s timeout.
+lives in this process (the in-memory store is one process anyway). Redis failures are mapped like
+every other store call (service/store/redis_store.py ``redis_errors``): a Redis that does not
+answer, is loading or busy is a 503, after at most one 0.5 s timeout. A full Redis (OOM) lets
+the request through: the limiter cannot record it, and refusing every request for that would
+turn a full store into an outage of reads too.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import threading
 import time
 from dataclasses import dataclass
+from urllib.parse import quote
 
-import redis
+from service.store import StoreFull
+from service.store.redis_store import connect, redis_errors
 
-from service.store import StoreUnavailable
+log = logging.getLogger(__name__)
 
 PERIODS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
 _RATE = re.compile(r"^\s*([1-9][0-9]*)\s*/\s*([a-z]+)\s*$")
-TIMEOUT = 0.5
 
-# KEYS[1]: the tenant's TAT. ARGV: T and τ in µs. Returns 0 (conforms) or µs until it would.
+# KEYS[1]: the TAT of whoever is limited. ARGV: T and τ in µs, and "1" to count a conforming
+# request ("0": only ask). Returns 0 (conforms) or µs until a request would.
 # TIME in a script is allowed since Redis 5 (effects replication); µs since the epoch fit
 # exactly in a Lua double (< 2^53).
 _GCRA = """
@@ -41,6 +47,7 @@ if tat < now then tat = now end
 if tat - now > tolerance then
   return tat - tolerance - now
 end
+if ARGV[3] == '0' then return 0 end
 local next_tat = tat + interval
 redis.call('SET', KEYS[1], string.format('%d', next_tat), 'PX', math.ceil((next_tat - now) / 1000) + 1)
 return 0
@@ -78,14 +85,17 @@ class MemoryLimiter:
         self._tat: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def wait_seconds(self, tenant: str) -> float:
-        """0 when the request conforms (and is counted), else seconds until one would."""
+    def wait_seconds(self, tenant: str, count: bool = True) -> float:
+        """0 when the request conforms (and is counted, unless ``count`` is false), else
+        seconds until one would."""
         interval, tolerance = self.rate.interval_us / 1e6, self.rate.tolerance_us / 1e6
         with self._lock:
             now = self._clock()
             tat = max(self._tat.get(tenant, now), now)
             if tat - now > tolerance:
                 return tat - tolerance - now
+            if not count:
+                return 0.0
             self._tat[tenant] = tat + interval
             if len(self._tat) > 100_000:  # forget tenants whose TAT has passed
                 self._tat = {t: v for t, v in self._tat.items() if v > now}
@@ -93,31 +103,34 @@ class MemoryLimiter:
 
 
 class RedisLimiter:
-    def __init__(self, rate: Rate, url: str, key_prefix: str):
+    def __init__(self, rate: Rate, url: str, key_prefix: str, scope: str = "r"):
         self.rate = rate
         self.key_prefix = key_prefix
-        # Its own small client with the store's fail-fast budget: no retries, 0.5 s timeouts.
-        self._redis = redis.Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT,
-                                           retry_on_timeout=False, health_check_interval=5)
+        self.scope = scope  # "r": tenants' request rates; "a": failed authentications by address
+        self._redis = connect(url)
         self._script = self._redis.register_script(_GCRA)
 
     def key(self, tenant: str) -> str:
-        # Tenants match [A-Za-z0-9_.-] (auth.TENANT_PATTERN): no brace or colon can leak in.
-        return f"{self.key_prefix}:{{r:{tenant}}}:rate"
+        # Percent-encoded: an IPv6 address's colons (or a brace) cannot fake the key's structure.
+        return f"{self.key_prefix}:{{{self.scope}:{quote(tenant, safe='')}}}:rate"
 
-    def wait_seconds(self, tenant: str) -> float:
+    def wait_seconds(self, tenant: str, count: bool = True) -> float:
         try:
-            waited = self._script(keys=[self.key(tenant)], args=[self.rate.interval_us, self.rate.tolerance_us])
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
-            raise StoreUnavailable(f"Redis is unreachable: {error}") from error
+            with redis_errors():
+                waited = self._script(keys=[self.key(tenant)],
+                                      args=[self.rate.interval_us, self.rate.tolerance_us, "1" if count else "0"])
+        except StoreFull as error:
+            log.warning("rate limit not applied: %s", error)
+            return 0.0
         return int(waited) / 1e6
 
 
-def create_limiter(rate_limit: str | None, burst: int | None, redis_url: str | None, key_prefix: str):
+def create_limiter(rate_limit: str | None, burst: int | None, redis_url: str | None, key_prefix: str,
+                   scope: str = "r"):
     if not rate_limit:
         return None
     rate = parse_rate(rate_limit, burst)
-    return RedisLimiter(rate, redis_url, key_prefix) if redis_url else MemoryLimiter(rate)
+    return RedisLimiter(rate, redis_url, key_prefix, scope) if redis_url else MemoryLimiter(rate)
 
 
 def retry_after(seconds: float) -> str:

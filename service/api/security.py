@@ -1,7 +1,9 @@
 """What stands in front of every ``/v1`` handler, installed by :func:`install` from create_app:
 
 1. API keys (service/api/auth.py): 401 without a valid ``Authorization: Bearer``; sets the
-   request's tenant;
+   request's tenant. Failed attempts are counted per client address (``AUTH_FAILURE_LIMIT``,
+   the same GCRA as rate limits): past it, every ``/v1`` request from that address is 429 with
+   ``Retry-After`` *before* its key is looked at, so guessing keys gets no faster by sending more;
 2. the tenant's rate limit (service/api/ratelimit.py): 429 with ``Retry-After``;
 3. CORS for browser front ends (flask-cors), exposing ``ETag`` and ``Retry-After``.
 
@@ -36,16 +38,29 @@ def install(app: Flask, settings: Settings) -> None:
     keyring = auth.load_keyring(settings)
     limiter = create_limiter(settings.rate_limit, settings.rate_limit_burst, settings.redis_url,
                              settings.key_prefix)
-    app.extensions["edgecut.security"] = {"keyring": keyring, "limiter": limiter}
+    failures = None if keyring is None else create_limiter(settings.auth_failure_limit, None, settings.redis_url,
+                                                           settings.key_prefix, scope="a")
+    app.extensions["edgecut.security"] = {"keyring": keyring, "limiter": limiter, "auth_failures": failures}
 
     if keyring is not None:
         @app.before_request
         def _authenticate() -> Response | None:
             if not _protected():
                 return None
+            address = request.remote_addr or "unknown"
+            if failures is not None:
+                waited = failures.wait_seconds(address, count=False)
+                if waited > 0:
+                    return problem_response(
+                        "rate-limited",
+                        f"too many failed authentications from this address ({settings.auth_failure_limit}; "
+                        f"AUTH_FAILURE_LIMIT); retry after {waited:.3f} s",
+                        headers={"Retry-After": retry_after(waited)})
             token = auth.bearer_token(request.headers.get("Authorization"))
             tenant = keyring.tenant_of(token) if token is not None else None
             if tenant is None:
+                if failures is not None:
+                    failures.wait_seconds(address)  # counts this failure
                 detail = ("send Authorization: Bearer <API key>" if token is None
                           else "the API key is not valid")
                 return problem_response("unauthorized", detail,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from flask import Blueprint, Response, request, url_for
 
 from schemas.api import ObservationsRequest, SessionCreate
+from service.errors import PreconditionFailed
 from service.sessions import SessionResult
 
 from .context import sessions, tenant
@@ -29,6 +30,9 @@ def _etag(version: int) -> str:
 def _if_match() -> Callable[[int], bool] | None:
     if "If-Match" not in request.headers:
         return None
+    if not request.headers["If-Match"].strip():
+        # Names no version at all: refused whatever the session holds (the contract says minLength 1).
+        raise PreconditionFailed("If-Match is empty; send the ETag of the version you read, or leave it out")
     tags = request.if_match  # werkzeug's parse: "*", strong and weak tags
 
     def matches(version: int) -> bool:

@@ -45,6 +45,35 @@ class StoreUnavailable(RuntimeError):
     """The backing store cannot be reached (answered 503 with Retry-After)."""
 
 
+@dataclass(frozen=True)
+class Quotas:
+    """What one tenant may keep stored at once (``TENANT_MAX_*``); None: no limit. Counted by
+    the store itself, atomically with the write, so that no number of workers can overshoot."""
+
+    instances: int | None = None
+    stored_bytes: int | None = None  # encoded instances (service/store/codec.py encoded_size)
+    sessions: int | None = None  # live (not expired, not deleted)
+
+
+class QuotaExceeded(RuntimeError):
+    """A write would take a tenant past a quota; nothing was written."""
+
+    def __init__(self, setting: str, limit: int, usage: int, what: str):
+        super().__init__(f"this tenant {what}; the quota ({setting}) is {limit}")
+        self.setting = setting
+        self.limit = limit
+        self.usage = usage
+
+
+class CorruptRecord(ValueError):
+    """A stored session record that does not decode to a valid :class:`SessionRecord`."""
+
+
+class StoreFull(StoreUnavailable):
+    """The store is out of memory (Redis ``OOM`` under ``maxmemory``): answered 507 with
+    Retry-After. Nothing was written; reads still work."""
+
+
 class VersionConflict(RuntimeError):
     """A compare-and-set lost: the session changed since it was read."""
 
@@ -55,7 +84,8 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     def put_instance(self, instance: CompiledInstance, tenant: str = DEFAULT_TENANT) -> bool:
         """Store under ``instance.content_hash``; True if new, False if it was already there
-        (its TTL is refreshed either way)."""
+        (its TTL is refreshed either way). A new one past the tenant's quotas raises
+        :class:`QuotaExceeded`."""
 
     @abc.abstractmethod
     def get_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> CompiledInstance | None:
@@ -64,7 +94,8 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     def create_session(self, record: SessionRecord) -> None:
-        """Store a new session (its ``session_id`` is fresh and unguessable)."""
+        """Store a new session (its ``session_id`` is fresh and unguessable); past the tenant's
+        session quota, :class:`QuotaExceeded`."""
 
     @abc.abstractmethod
     def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> SessionRecord | None:
@@ -83,6 +114,11 @@ class SessionStore(abc.ABC):
     def claim_idempotency_key(self, key: str, session_id: str, tenant: str = DEFAULT_TENANT) -> str | None:
         """Atomically bind ``key`` to ``session_id`` unless already bound; returns the session id
         it was already bound to (None when this call bound it). Keys expire with sessions."""
+
+    @abc.abstractmethod
+    def idempotency_binding(self, key: str, tenant: str = DEFAULT_TENANT) -> str | None:
+        """The session id ``key`` is bound to, or None; binds nothing (a request is checked
+        whole before anything is written)."""
 
     @abc.abstractmethod
     def ping(self) -> None:

@@ -5,12 +5,16 @@ would dominate the request. Instances are immutable and content-addressed, so a 
 never stale in content; the Redis store only re-checks now and then that it still *exists*
 (``checked_at``), so expiry there is seen here too.
 
-The budget counts :attr:`CompiledInstance.nbytes` (the arrays; labels are small beside them).
-An instance larger than the whole budget is not cached at all rather than flushing everything.
+The budget counts what an instance holds in this process (:func:`resident_bytes`): its arrays,
+the log-likelihood the engine computes beside a likelihood tensor, and its labels with their
+indexes — an instance with thousands of long outcome labels holds far more in strings than in
+arrays. An instance larger than the whole budget is not cached at all rather than flushing
+everything.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -18,10 +22,27 @@ from dataclasses import dataclass
 from service.engine import CompiledInstance
 
 
+# A label's slot in its tuple, and its entry in test_index / outcome_index (key, value, hash).
+LABEL_SLOT_BYTES = 8
+LABEL_INDEX_BYTES = 100
+
+
+def resident_bytes(instance: CompiledInstance) -> int:
+    """Bytes ``instance`` keeps alive in this process (an estimate from above for the labels)."""
+    arrays = instance.nbytes
+    if instance.likelihood is not None:
+        arrays += instance.likelihood.nbytes  # its log, which the engine caches on the instance
+    indexed = (*instance.test_ids, *(label for labels in instance.outcome_labels for label in labels))
+    other = (*instance.hypothesis_ids, *instance.class_labels, *instance.warnings)
+    labels = sum(sys.getsizeof(label) + LABEL_SLOT_BYTES for label in (*indexed, *other))
+    return arrays + labels + LABEL_INDEX_BYTES * len(indexed)
+
+
 @dataclass
 class CachedInstance:
     instance: CompiledInstance
     checked_at: float  # time.monotonic() when the backing store last confirmed it exists
+    nbytes: int = 0  # resident_bytes(instance), counted once
 
 
 class InstanceCache:
@@ -46,18 +67,18 @@ class InstanceCache:
 
     def put(self, key: tuple[str, str], instance: CompiledInstance, checked_at: float) -> bool:
         """Cache ``instance``; False when it alone exceeds the budget."""
-        size = instance.nbytes
+        size = resident_bytes(instance)
         if size > self.max_bytes:
             return False
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self._bytes -= old.instance.nbytes
-            self._entries[key] = CachedInstance(instance, checked_at)
+                self._bytes -= old.nbytes
+            self._entries[key] = CachedInstance(instance, checked_at, size)
             self._bytes += size
             while self._bytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.instance.nbytes
+                self._bytes -= evicted.nbytes
                 self.evictions += 1
             return True
 
@@ -65,7 +86,7 @@ class InstanceCache:
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self._bytes -= old.instance.nbytes
+                self._bytes -= old.nbytes
 
     @property
     def nbytes(self) -> int:

@@ -81,6 +81,18 @@ def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
     return orjson.dumps(header), b"".join(chunks)
 
 
+def encoded_size(instance: CompiledInstance) -> int:
+    """At least ``len(header) + len(body)`` of :func:`encode` (descriptors are bounded, not
+    written), without copying the arrays: what the instance takes in the store, and what the
+    per-tenant byte quota counts."""
+    header = {"format": FORMAT, "content_hash": instance.content_hash, "kind": instance.kind,
+              "test_ids": instance.test_ids, "outcome_labels": instance.outcome_labels,
+              "hypothesis_ids": instance.hypothesis_ids, "class_labels": instance.class_labels,
+              "warnings": instance.warnings}
+    # Each array descriptor is well under 128 bytes of JSON; the arrays' bytes are exact.
+    return len(orjson.dumps(header)) + 128 * len(_ORDER) + instance.nbytes
+
+
 def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -> CompiledInstance:
     """The instance (arrays are read-only views of ``body``), or :class:`CorruptInstance`."""
     try:

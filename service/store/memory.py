@@ -26,7 +26,16 @@ from dataclasses import replace
 
 from service.engine import CompiledInstance
 
-from .base import DEFAULT_TENANT, SessionRecord, SessionStore, StoreUnavailable, VersionConflict
+from .base import (
+    DEFAULT_TENANT,
+    QuotaExceeded,
+    Quotas,
+    SessionRecord,
+    SessionStore,
+    StoreUnavailable,
+    VersionConflict,
+)
+from .codec import encoded_size
 
 INSTANCE_TTL_FACTOR = 2
 PING_TIMEOUT = 1.0  # seconds
@@ -34,7 +43,7 @@ PING_TIMEOUT = 1.0  # seconds
 
 class MemoryStore(SessionStore):
     def __init__(self, session_ttl: int, clock: Callable[[], float] = time.time,
-                 sweep_interval: float = 60.0):
+                 sweep_interval: float = 60.0, quotas: Quotas | None = None):
         if session_ttl <= 0:
             raise ValueError(f"session_ttl must be positive, got {session_ttl}")
         self.session_ttl = float(session_ttl)
@@ -47,6 +56,10 @@ class MemoryStore(SessionStore):
         self._instances: dict[tuple[str, str], tuple[CompiledInstance, float]] = {}
         self._sessions: dict[tuple[str, str], tuple[SessionRecord, float]] = {}
         self._idempotency: dict[tuple[str, str], tuple[str, float]] = {}
+        # Per-tenant usage, kept in step with the tables by _forget: [instances, bytes, sessions].
+        self.quotas = quotas or Quotas()
+        self._instance_bytes: dict[tuple[str, str], int] = {}
+        self._usage: dict[str, list[int]] = {}
 
     # --- instances ---------------------------------------------------------------------------
 
@@ -55,6 +68,13 @@ class MemoryStore(SessionStore):
         with self._lock:
             now = self._tick()
             current = self._live(self._instances, key, now)
+            if current is None:
+                size = encoded_size(instance)
+                self._admit_instance(tenant, size)
+                self._instance_bytes[key] = size
+                usage = self._usage.setdefault(tenant, [0, 0, 0])
+                usage[0] += 1
+                usage[1] += size
             stored = current[0] if current is not None else instance
             self._instances[key] = (stored, now + self.instance_ttl)
             return current is None
@@ -83,6 +103,13 @@ class MemoryStore(SessionStore):
                 return
             if current is not None:
                 raise VersionConflict(f"session {record.session_id!r} already exists")
+            usage = self._usage.setdefault(record.tenant, [0, 0, 0])
+            limit = self.quotas.sessions
+            if limit is not None and usage[2] >= limit:
+                self._sweep(now)  # expired sessions not yet dropped must not count
+            if limit is not None and usage[2] >= limit:
+                raise QuotaExceeded("TENANT_MAX_SESSIONS", limit, usage[2], f"has {usage[2]} live sessions")
+            usage[2] += 1
             self._sessions[key] = (record, now + self.session_ttl)
 
     def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> SessionRecord | None:
@@ -116,7 +143,8 @@ class MemoryStore(SessionStore):
         with self._lock:
             now = self._tick()
             existed = self._live(self._sessions, key, now) is not None
-            self._sessions.pop(key, None)
+            if existed:
+                self._forget(self._sessions, key)
             return existed
 
     def claim_idempotency_key(self, key: str, session_id: str, tenant: str = DEFAULT_TENANT) -> str | None:
@@ -128,6 +156,11 @@ class MemoryStore(SessionStore):
                 return current[0]
             self._idempotency[slot] = (session_id, now + self.session_ttl)
             return None
+
+    def idempotency_binding(self, key: str, tenant: str = DEFAULT_TENANT) -> str | None:
+        with self._lock:
+            current = self._live(self._idempotency, (tenant, key), self._tick())
+            return None if current is None else current[0]
 
     def ping(self) -> None:
         # The store answers when its lock can be taken: an operation stuck holding it would
@@ -142,19 +175,46 @@ class MemoryStore(SessionStore):
         """The current time; sweeps every table when the last sweep is old enough."""
         now = self._clock()
         if now - self._last_sweep >= self._sweep_interval:
-            for table in (self._instances, self._sessions, self._idempotency):
-                for key in [k for k, (_, expires_at) in table.items() if expires_at <= now]:
-                    del table[key]
-            self._last_sweep = now
+            self._sweep(now)
         return now
 
-    @staticmethod
-    def _live(table: dict, key, now: float):
+    def _sweep(self, now: float) -> None:
+        for table in (self._instances, self._sessions, self._idempotency):
+            for key in [k for k, (_, expires_at) in table.items() if expires_at <= now]:
+                self._forget(table, key)
+        self._last_sweep = now
+
+    def _live(self, table: dict, key, now: float):
         entry = table.get(key)
         if entry is not None and entry[1] <= now:
-            del table[key]
+            self._forget(table, key)
             return None
         return entry
+
+    def _forget(self, table: dict, key) -> None:
+        del table[key]
+        tenant = key[0]
+        if table is self._instances:
+            self._usage[tenant][0] -= 1
+            self._usage[tenant][1] -= self._instance_bytes.pop(key)
+        elif table is self._sessions:
+            self._usage[tenant][2] -= 1
+
+    def _admit_instance(self, tenant: str, size: int) -> None:
+        count, stored, _ = self._usage.get(tenant, (0, 0, 0))
+        if self._over_instance_quota(count, stored, size):
+            self._sweep(self._clock())  # expired instances not yet dropped must not count
+            count, stored, _ = self._usage.get(tenant, (0, 0, 0))
+        if self.quotas.instances is not None and count >= self.quotas.instances:
+            raise QuotaExceeded("TENANT_MAX_INSTANCES", self.quotas.instances, count,
+                                f"has {count} stored instances")
+        if self.quotas.stored_bytes is not None and stored + size > self.quotas.stored_bytes:
+            raise QuotaExceeded("TENANT_MAX_STORED_BYTES", self.quotas.stored_bytes, stored,
+                                f"stores {stored} bytes of instances and this one takes {size}")
+
+    def _over_instance_quota(self, count: int, stored: int, size: int) -> bool:
+        return ((self.quotas.instances is not None and count >= self.quotas.instances)
+                or (self.quotas.stored_bytes is not None and stored + size > self.quotas.stored_bytes))
 
 
 def _check_next_version(record: SessionRecord, expected_version: int) -> None:

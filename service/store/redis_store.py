@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from urllib.parse import quote
 
@@ -61,7 +62,17 @@ from redis.retry import Retry
 from service.engine import CompiledInstance
 
 from . import codec
-from .base import DEFAULT_TENANT, SessionRecord, SessionStore, StoreUnavailable, VersionConflict
+from .base import (
+    DEFAULT_TENANT,
+    CorruptRecord,
+    QuotaExceeded,
+    Quotas,
+    SessionRecord,
+    SessionStore,
+    StoreFull,
+    StoreUnavailable,
+    VersionConflict,
+)
 from .cache import InstanceCache
 from .memory import INSTANCE_TTL_FACTOR, _check_next_version
 
@@ -95,9 +106,72 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
-# Server replies meaning "not available right now" rather than "your command is wrong".
-_UNAVAILABLE_REPLIES = ("LOADING", "MASTERDOWN", "READONLY", "MISCONF", "OOM", "CLUSTERDOWN", "TRYAGAIN",
-                        "BUSY")
+# Per-tenant quotas. KEYS[1]: zset member → expiry (ms) of what is counted; KEYS[2]: hash
+# member → bytes (instances; sessions pass KEYS[1] again). ARGV: member, its expiry (ms), now (ms),
+# max count, its bytes, max bytes (-1: no limit). Members past their expiry are dropped first;
+# reads slide the scores as they slide the TTLs (ZADD XX), so the count is what is alive.
+# Returns {1} admitted (or already counted), {0, 1, count} over the count, {0, 2, bytes} over
+# the bytes.
+_ADMIT_SCRIPT = """
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+if #expired > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+  if KEYS[2] ~= KEYS[1] then redis.call('HDEL', KEYS[2], unpack(expired)) end
+end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+  return {1}
+end
+local count = redis.call('ZCARD', KEYS[1])
+local max_count = tonumber(ARGV[4])
+if max_count >= 0 and count >= max_count then return {0, 1, count} end
+local max_bytes = tonumber(ARGV[6])
+if max_bytes >= 0 then
+  local total = 0
+  for _, size in ipairs(redis.call('HVALS', KEYS[2])) do total = total + tonumber(size) end
+  if total + tonumber(ARGV[5]) > max_bytes then return {0, 2, total} end
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+if KEYS[2] ~= KEYS[1] then redis.call('HSET', KEYS[2], ARGV[1], ARGV[5]) end
+return {1}
+"""
+
+# Replies meaning "not available right now" rather than "your command is wrong". redis-py parses
+# some into their own classes (and strips the prefix); the rest are plain ResponseErrors whose
+# message starts with the prefix, or carries it after a pipeline's "Command # n (...) caused
+# error: " annotation. An error raised inside a Lua script arrives the same way.
+_UNAVAILABLE_ERRORS = (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError,
+                       redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
+_UNAVAILABLE_REPLY = re.compile(r"(?:^|: )(?:LOADING|MASTERDOWN|READONLY|MISCONF|CLUSTERDOWN|TRYAGAIN|BUSY|NOREPLICAS)\b")
+_FULL_REPLY = re.compile(r"(?:^|: )OOM\b")
+
+
+def connect(url: str, socket_timeout: float = COMMAND_TIMEOUT) -> redis.Redis:
+    """The one Redis client configuration of the service (the store's two pools, the rate
+    limiter): fail fast, at most one immediate retry and only on a connection error."""
+    return redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=CONNECT_TIMEOUT,
+                                health_check_interval=HEALTH_CHECK_INTERVAL, socket_keepalive=True,
+                                retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)))
+
+
+@contextlib.contextmanager
+def redis_errors():
+    """The one mapping of Redis failures for the whole service: unreachable, timed out, loading,
+    busy with a script, read-only replica, … → :class:`StoreUnavailable` (503 + Retry-After);
+    out of memory → :class:`StoreFull` (507 + Retry-After). Any other error reply is a bug of
+    ours and propagates."""
+    try:
+        yield
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        # BusyLoadingError (LOADING) is a ConnectionError in redis-py.
+        raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+    except redis.exceptions.ResponseError as exc:
+        reply = str(exc)
+        if isinstance(exc, redis.exceptions.OutOfMemoryError) or _FULL_REPLY.search(reply):
+            raise StoreFull(f"Redis is out of memory: {reply}") from exc
+        if isinstance(exc, _UNAVAILABLE_ERRORS) or _UNAVAILABLE_REPLY.search(reply):
+            raise StoreUnavailable(f"Redis cannot serve the request: {reply}") from exc
+        raise
 
 _RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost", "confidence", "seed",
                   "observations", "version", "created_at", "tenant", "max_expected_loss")
@@ -105,7 +179,8 @@ _RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost"
 
 class RedisStore(SessionStore):
     def __init__(self, url: str, *, session_ttl: int = 24 * 3600, key_prefix: str = "edgecut",
-                 instance_cache_bytes: int = 256 * 1024 * 1024, bulk_timeout: float = DEFAULT_BULK_TIMEOUT):
+                 instance_cache_bytes: int = 256 * 1024 * 1024, bulk_timeout: float = DEFAULT_BULK_TIMEOUT,
+                 quotas: Quotas | None = None):
         if session_ttl <= 0:
             raise ValueError(f"session_ttl must be positive, got {session_ttl}")
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
@@ -118,12 +193,11 @@ class RedisStore(SessionStore):
         # How long a cached instance is trusted to still exist in Redis; must stay ≤
         # instance_ttl − session_ttl for instances to outlive their sessions.
         self.recheck_interval = min(60.0, session_ttl / 4)
-        common = dict(socket_connect_timeout=CONNECT_TIMEOUT, health_check_interval=HEALTH_CHECK_INTERVAL,
-                      socket_keepalive=True,
-                      retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)))
-        self._redis = redis.Redis.from_url(url, socket_timeout=COMMAND_TIMEOUT, **common)
-        self._bulk = redis.Redis.from_url(url, socket_timeout=bulk_timeout, **common)
+        self._redis = connect(url)
+        self._bulk = connect(url, socket_timeout=bulk_timeout)
         self._cas = self._redis.register_script(_CAS_SCRIPT)
+        self._admit = self._redis.register_script(_ADMIT_SCRIPT)
+        self.quotas = quotas or Quotas()
         self.cache = InstanceCache(instance_cache_bytes)
         self.round_trips = 0  # network round trips this store made (tests and /metrics read it)
 
@@ -138,6 +212,10 @@ class RedisStore(SessionStore):
     def idempotency_key(self, key: str, tenant: str = DEFAULT_TENANT) -> str:
         return f"{self.key_prefix}:{{k:{_part(tenant)}:{_part(key)}}}:idem"
 
+    def quota_key(self, counted: str, tenant: str = DEFAULT_TENANT) -> str:
+        """``counted``: instances, instance-bytes or sessions (one slot per tenant)."""
+        return f"{self.key_prefix}:{{q:{_part(tenant)}}}:{counted}:quota"
+
     # --- instances ---------------------------------------------------------------------------
 
     def put_instance(self, instance: CompiledInstance, tenant: str = DEFAULT_TENANT) -> bool:
@@ -145,9 +223,10 @@ class RedisStore(SessionStore):
         with self._guard():
             # Refresh first: re-posting known content then costs no upload.
             self.round_trips += 1
-            if self._redis.pexpire(key, self._instance_ttl_ms):
+            if self._refresh_instance(key, instance.content_hash, tenant):
                 created = False
             else:
+                self._admit_instance(instance, tenant)
                 header, body = codec.encode(instance)
                 # MULTI/EXEC, not Lua: a script would copy a body of hundreds of MB into Lua
                 # strings (and EVALSHA's NOSCRIPT fallback would upload it twice). Existing keys
@@ -158,7 +237,11 @@ class RedisStore(SessionStore):
                 pipe.hsetnx(key, "body", body)
                 pipe.pexpire(key, self._instance_ttl_ms)
                 self.round_trips += 1
-                created = bool(pipe.execute()[0])
+                try:
+                    created = bool(pipe.execute()[0])
+                except redis.exceptions.RedisError:
+                    self._forget_instance(instance.content_hash, tenant)  # admitted, never stored
+                    raise
         self.cache.put((tenant, instance.content_hash), instance, time.monotonic())
         return created
 
@@ -172,7 +255,7 @@ class RedisStore(SessionStore):
                 return cached.instance
             with self._guard():
                 self.round_trips += 1
-                alive = self._redis.pexpire(key, self._instance_ttl_ms)
+                alive = self._refresh_instance(key, instance_id, tenant)
             if alive:
                 cached.checked_at = now
                 return cached.instance
@@ -182,8 +265,9 @@ class RedisStore(SessionStore):
             pipe = self._bulk.pipeline(transaction=False)
             pipe.hmget(key, "header", "body")
             pipe.pexpire(key, self._instance_ttl_ms)
+            self._slide_quota(pipe, "instances", instance_id, tenant, self._instance_ttl_ms)
             self.round_trips += 1
-            (header, body), _ = pipe.execute()
+            header, body = _essential(pipe, 2)[0]
         if header is None or body is None:
             return None
         try:
@@ -194,6 +278,7 @@ class RedisStore(SessionStore):
             log.error("dropping corrupt instance %s: %s", key, error)
             with self._guard():
                 self._redis.delete(key)
+            self._forget_instance(instance_id, tenant)
             return None
         self.cache.put(cache_key, instance, now)
         return instance
@@ -201,7 +286,16 @@ class RedisStore(SessionStore):
     # --- sessions ----------------------------------------------------------------------------
 
     def create_session(self, record: SessionRecord) -> None:
+        limit = self.quotas.sessions
+        if limit is not None:
+            admitted = self._admit_member("sessions", "sessions", record.session_id, record.tenant,
+                                          self._session_ttl_ms, limit, 0, -1)
+            if not admitted[0]:
+                raise QuotaExceeded("TENANT_MAX_SESSIONS", limit, admitted[2], f"has {admitted[2]} live sessions")
         if self._compare_and_set(record, expected_version=0) != 1:
+            if limit is not None:
+                with self._guard():
+                    self._redis.zrem(self.quota_key("sessions", record.tenant), record.session_id)
             raise VersionConflict(f"session {record.session_id!r} already exists")
 
     def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> SessionRecord | None:
@@ -210,11 +304,15 @@ class RedisStore(SessionStore):
             pipe = self._redis.pipeline(transaction=False)
             pipe.hget(key, "record")
             pipe.pexpire(key, self._session_ttl_ms)
+            self._slide_quota(pipe, "sessions", session_id, tenant, self._session_ttl_ms)
             self.round_trips += 1
-            raw, _ = pipe.execute()
+            raw = _essential(pipe, 2)[0]
         if raw is None:
             return None
-        return _decode_record(raw, expires_at=time.time() + self.session_ttl)
+        record = _decode_record(raw, expires_at=time.time() + self.session_ttl)
+        if record.session_id != session_id or record.tenant != tenant:
+            raise CorruptRecord(f"the record under {key} names session {record.session_id!r} of {record.tenant!r}")
+        return record
 
     def update_session(self, record: SessionRecord, expected_version: int) -> None:
         _check_next_version(record, expected_version)
@@ -228,8 +326,12 @@ class RedisStore(SessionStore):
 
     def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
         with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.delete(self.session_key(session_id, tenant))
+            if self.quotas.sessions is not None:
+                pipe.zrem(self.quota_key("sessions", tenant), session_id)
             self.round_trips += 1
-            return bool(self._redis.delete(self.session_key(session_id, tenant)))
+            return bool(pipe.execute()[0])
 
     def claim_idempotency_key(self, key: str, session_id: str, tenant: str = DEFAULT_TENANT) -> str | None:
         with self._guard():
@@ -237,6 +339,12 @@ class RedisStore(SessionStore):
             previous = self._redis.set(self.idempotency_key(key, tenant), session_id, nx=True,
                                        ex=self.session_ttl, get=True)
         return None if previous is None else previous.decode()
+
+    def idempotency_binding(self, key: str, tenant: str = DEFAULT_TENANT) -> str | None:
+        with self._guard():
+            self.round_trips += 1
+            bound = self._redis.get(self.idempotency_key(key, tenant))
+        return None if bound is None else bound.decode()
 
     def ping(self) -> None:
         with self._guard():
@@ -250,6 +358,54 @@ class RedisStore(SessionStore):
 
     # --- internals ---------------------------------------------------------------------------
 
+    def _refresh_instance(self, key: str, instance_id: str, tenant: str) -> bool:
+        """Slide a stored instance's TTL (and its quota entry); False when it is not stored."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.pexpire(key, self._instance_ttl_ms)
+        self._slide_quota(pipe, "instances", instance_id, tenant, self._instance_ttl_ms)
+        return bool(_essential(pipe, 1)[0])
+
+    def _counted(self, counted: str) -> bool:
+        if counted == "sessions":
+            return self.quotas.sessions is not None
+        return self.quotas.instances is not None or self.quotas.stored_bytes is not None
+
+    def _slide_quota(self, pipe, counted: str, member: str, tenant: str, ttl_ms: int) -> None:
+        if self._counted(counted):
+            pipe.zadd(self.quota_key(counted, tenant), {member: _now_ms() + ttl_ms}, xx=True)
+
+    def _forget_instance(self, instance_id: str, tenant: str) -> None:
+        if not self._counted("instances"):
+            return
+        with contextlib.suppress(redis.exceptions.RedisError):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zrem(self.quota_key("instances", tenant), instance_id)
+            pipe.hdel(self.quota_key("instance-bytes", tenant), instance_id)
+            pipe.execute()
+
+    def _admit_instance(self, instance: CompiledInstance, tenant: str) -> None:
+        count_limit, bytes_limit = self.quotas.instances, self.quotas.stored_bytes
+        if count_limit is None and bytes_limit is None:
+            return
+        size = codec.encoded_size(instance)
+        admitted = self._admit_member("instances", "instance-bytes", instance.content_hash, tenant,
+                                      self._instance_ttl_ms, -1 if count_limit is None else count_limit, size,
+                                      -1 if bytes_limit is None else bytes_limit)
+        if admitted[0]:
+            return
+        if admitted[1] == 1:
+            raise QuotaExceeded("TENANT_MAX_INSTANCES", count_limit, admitted[2], f"has {admitted[2]} stored instances")
+        raise QuotaExceeded("TENANT_MAX_STORED_BYTES", bytes_limit, admitted[2],
+                            f"stores {admitted[2]} bytes of instances and this one takes {size}")
+
+    def _admit_member(self, counted: str, sized: str, member: str, tenant: str, ttl_ms: int, max_count: int,
+                      size: int, max_bytes: int) -> list[int]:
+        now = _now_ms()
+        keys = [self.quota_key(counted, tenant), self.quota_key(sized, tenant)]
+        with self._guard():
+            self.round_trips += 1
+            return [int(x) for x in self._admit(keys=keys, args=[member, now + ttl_ms, now, max_count, size, max_bytes])]
+
     def _compare_and_set(self, record: SessionRecord, expected_version: int) -> int:
         key = self.session_key(record.session_id, record.tenant)
         with self._guard():
@@ -257,17 +413,23 @@ class RedisStore(SessionStore):
             return int(self._cas(keys=[key], args=[str(expected_version), str(record.version),
                                                    _encode_record(record), self._session_ttl_ms]))
 
-    @contextlib.contextmanager
     def _guard(self):
-        """redis-py's connection failures → StoreUnavailable (503 + Retry-After upstream)."""
-        try:
-            yield
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
-        except redis.exceptions.ResponseError as exc:
-            if str(exc).startswith(_UNAVAILABLE_REPLIES):
-                raise StoreUnavailable(f"Redis cannot serve the request: {exc}") from exc
-            raise
+        return redis_errors()
+
+
+def _essential(pipe, count: int) -> list:
+    """The replies of a pipeline whose first ``count`` commands are the point of it; the rest
+    (sliding a quota entry) may fail alone — under OOM a ZADD is refused while reads still
+    work, and a read must not fail for its bookkeeping."""
+    replies = pipe.execute(raise_on_error=False)
+    for reply in replies[:count]:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies[:count]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _part(text: str) -> str:
@@ -282,8 +444,36 @@ def _encode_record(record: SessionRecord) -> bytes:
     return orjson.dumps(fields)
 
 
+_TEXT, _COUNT, _NUMBER = (str,), (int,), (int, float)
+# Field → the JSON types it may have (bool is an int in Python: refused separately).
+_RECORD_TYPES = {"session_id": _TEXT, "instance_id": _TEXT, "policy": _TEXT, "max_tests": _COUNT,
+                 "max_cost": _NUMBER, "confidence": _NUMBER, "seed": _COUNT, "observations": (list,),
+                 "version": _COUNT, "created_at": _NUMBER, "tenant": _TEXT}
+_OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence"}
+
+
 def _decode_record(raw: bytes, expires_at: float) -> SessionRecord:
-    fields = orjson.loads(raw)
-    fields = {name: fields[name] for name in _RECORD_FIELDS if name in fields}
-    fields["observations"] = tuple((str(t), str(o)) for t, o in fields.get("observations", ()))
-    return SessionRecord(**fields, expires_at=expires_at)
+    """The record, or :class:`CorruptRecord`: every field present with its type, so a damaged
+    record is refused here rather than failing somewhere in the step."""
+    try:
+        fields = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise CorruptRecord(f"session record is not JSON: {error}") from None
+    if not isinstance(fields, dict):
+        raise CorruptRecord("session record is not a JSON object")
+    decoded = {}
+    for name in _RECORD_FIELDS:
+        value = fields.get(name)
+        if value is None and name in _OPTIONAL_FIELDS:
+            decoded[name] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, _RECORD_TYPES[name]):
+            raise CorruptRecord(f"session record field {name!r} is missing or mistyped")
+        decoded[name] = value
+    observations = decoded["observations"]
+    if not all(isinstance(o, list) and len(o) == 2 and all(isinstance(x, str) for x in o) for o in observations):
+        raise CorruptRecord("session record observations are not [test, outcome] pairs")
+    if decoded["version"] < 1:
+        raise CorruptRecord("session record version is below 1")
+    decoded["observations"] = tuple((t, o) for t, o in observations)
+    return SessionRecord(**decoded, expires_at=expires_at)
