@@ -137,7 +137,8 @@ def test_the_step_cache_is_bounded_by_bytes():
     from schemas.api import SessionCreate
 
     budget = 60_000
-    sessions = Sessions(MemoryStore(session_ttl=3600), session_ttl=3600, max_cells=10**6, step_cache_bytes=budget)
+    sessions = Sessions(MemoryStore(session_ttl=3600), session_ttl=3600, max_cells=10**6, max_compiled_bytes=10**8,
+                        step_cache_bytes=budget)
     state = sessions.create(SessionCreate.model_validate({"instance": ladder(60)})).state
     steps = 0
     while not state.done:
