@@ -87,9 +87,11 @@ def test_a_problem_message_is_a_whole_http_response():
 
 @pytest.fixture(scope="module")
 def live(redis_server):
+    from test_bad_input import LIMITS  # the catalogue's limits, so its entries mean the same here
+
+    assert LIMITS["max_body_bytes"] == MAX_BODY
     config = {"REDIS_URL": redis_server.url, "KEY_PREFIX": f"hostile-{uuid.uuid4().hex[:8]}",
-              "REQUEST_READ_TIMEOUT": str(READ_TIMEOUT), "MAX_BODY_BYTES": str(MAX_BODY),
-              "MAX_CELLS": "10000", "MAX_CLASSES": "8", "MAX_OBSERVATIONS_PER_REQUEST": "50"}
+              "REQUEST_READ_TIMEOUT": str(READ_TIMEOUT), **{name.upper(): str(value) for name, value in LIMITS.items()}}
     server = LiveServer(config, workers=2, threads=8)
     server.start()
     yield server, {key.lower(): value for key, value in config.items()}
