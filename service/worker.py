@@ -195,6 +195,8 @@ def problem_message(code: str, detail: str, headers: dict[str, str] | None = Non
 # cut short: it quotes at most a few bytes of what the client sent.
 def _refusal(exc: BaseException) -> tuple[str, str]:
     e = http_errors
+    if isinstance(exc, (e.ConfigurationProblem, e.InvalidResponseHeader, e.InvalidResponseHeaderName)):
+        return "internal-error", "an unexpected error occurred; it has been logged"  # ours, not the client's
     if isinstance(exc, e.LimitRequestLine):
         return "uri-too-long", f"the request line is too long: {exc}"
     if isinstance(exc, e.LimitRequestHeaders):

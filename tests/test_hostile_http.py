@@ -82,6 +82,29 @@ def test_a_problem_message_is_a_whole_http_response():
                                   "status": 408, "detail": "too slow"}
 
 
+def test_every_refusal_of_gunicorns_parser_maps_to_a_known_problem():
+    import inspect
+
+    from gunicorn.http import errors
+
+    from service.api.problems import PROBLEMS
+    from service.worker import _refusal
+
+    ours = (errors.ConfigurationProblem, errors.InvalidResponseHeader, errors.InvalidResponseHeaderName)
+    parse_errors = [cls for _, cls in inspect.getmembers(errors, inspect.isclass)
+                    if issubclass(cls, errors.ParseException)]
+    assert len(parse_errors) > 10
+    for cls in parse_errors:
+        # Their constructors differ; only the type is mapped.
+        error = type("Probe", (cls,), {"__init__": lambda self: None, "__str__": lambda self: "probe"})()
+        code, _ = _refusal(error)
+        assert code in PROBLEMS, cls.__name__
+        if issubclass(cls, ours):  # the server's own fault: a bare 500, as for any bug
+            assert code == "internal-error", cls.__name__
+        else:
+            assert 400 <= PROBLEMS[code][0] < 500 or code == "unsupported-transfer-coding", cls.__name__
+
+
 # --- a live gunicorn + Redis ------------------------------------------------------------------
 
 
