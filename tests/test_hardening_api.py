@@ -122,6 +122,12 @@ CORRUPT_RECORDS = {
 }
 
 
+def test_every_stored_record_field_has_a_checked_type():
+    from service.store.redis_store import _RECORD_FIELDS, _RECORD_TYPES
+
+    assert set(_RECORD_TYPES) == set(_RECORD_FIELDS)
+
+
 @pytest.mark.redis
 @pytest.mark.parametrize("damage", list(CORRUPT_RECORDS))
 def test_a_damaged_session_record_is_410_session_unreadable(redis_server, damage, caplog):

@@ -448,8 +448,9 @@ _TEXT, _COUNT, _NUMBER = (str,), (int,), (int, float)
 # Field → the JSON types it may have (bool is an int in Python: refused separately).
 _RECORD_TYPES = {"session_id": _TEXT, "instance_id": _TEXT, "policy": _TEXT, "max_tests": _COUNT,
                  "max_cost": _NUMBER, "confidence": _NUMBER, "seed": _COUNT, "observations": (list,),
-                 "version": _COUNT, "created_at": _NUMBER, "tenant": _TEXT}
-_OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence"}
+                 "version": _COUNT, "created_at": _NUMBER, "tenant": _TEXT, "max_expected_loss": _NUMBER}
+# May be null, or absent from records written before the field existed.
+_OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence", "max_expected_loss"}
 
 
 def _decode_record(raw: bytes, expires_at: float) -> SessionRecord:
