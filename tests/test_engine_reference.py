@@ -40,6 +40,18 @@ def random_case(seed: int, kind: str):
     return model, observations
 
 
+# Small beliefs build α whole (belief._dense_stats); bigger ones stream it. The reference's
+# instances are small, so each agreement test runs both: as they come, and with the dense path off.
+STATISTICS_PATHS = {"dense": None, "streamed": 0}
+
+
+@pytest.fixture(params=sorted(STATISTICS_PATHS))
+def statistics_path(request, monkeypatch):
+    if STATISTICS_PATHS[request.param] is not None:
+        monkeypatch.setattr(belief_module, "_DENSE_CELLS", STATISTICS_PATHS[request.param])
+    return request.param
+
+
 def assert_close(engine_value: float, reference_value: float, unit: float, what: str) -> None:
     # 1e-9 relative; the absolute floor only matters where the true gain is exactly 0 and the
     # engine's (Σa)² − Σa² leaves round-off of order 1e-17 of the unit.
@@ -52,7 +64,7 @@ def assert_close(engine_value: float, reference_value: float, unit: float, what:
     "kind,policy",
     [("deterministic", p) for p in DETERMINISTIC_POLICIES] + [("likelihood", p) for p in LIKELIHOOD_POLICIES],
 )
-def test_policies_agree_with_the_reference_on_random_instances(kind, policy):
+def test_policies_agree_with_the_reference_on_random_instances(kind, policy, statistics_path):
     compared = 0
     for seed in range(N_INSTANCES):
         model, observations = random_case(seed, kind)
@@ -81,6 +93,59 @@ def test_the_class_posterior_matches_bayes_with_plain_loops():
         expected = ref.class_distribution(model, ref.version_space_mass(model, observations))
         for c, label in enumerate(inst.class_labels):
             assert abs(belief.class_posterior[c] - expected.get(label, 0.0)) <= 1e-12
+
+
+def assert_same_belief(carried, scratch, where: str) -> None:
+    assert carried.observations == scratch.observations, where
+    assert np.array_equal(carried.alive, scratch.alive), where
+    assert np.array_equal(carried.mass, scratch.mass), where  # bit for bit, not merely close
+
+
+@pytest.mark.parametrize("kind", ["deterministic", "likelihood"])
+def test_a_belief_carried_forward_equals_the_belief_from_scratch(kind):
+    for seed in range(60):
+        rng = random.Random(seed)
+        model = ref.random_model(rng, kind)
+        inst = compile_model(model)
+        truth = rng.randrange(model.n)
+        tests = list(range(model.n_tests))
+        rng.shuffle(tests)
+        observations = [(t, ref.sample_outcome(model, rng, truth, t)) for t in tests]
+        parsed = engine.parse_observations(inst, labelled(observations))
+        previous = engine.observe(inst, [])
+        for j in range(1, len(parsed) + 1):
+            scratch = engine.observe(inst, parsed[:j])
+            carried = engine.observe(inst, parsed[:j], previous=previous)
+            assert_same_belief(carried, scratch, f"seed {seed}, {j} observations")
+            # Several at once from an earlier belief, and a belief that is no prefix (ignored).
+            assert_same_belief(engine.observe(inst, parsed[:j], previous=engine.observe(inst, [])), scratch, "")
+            assert_same_belief(engine.observe(inst, parsed[j - 1:j], previous=carried), engine.observe(
+                inst, parsed[j - 1:j]), f"seed {seed}: not a prefix")
+            previous = carried
+
+
+def test_a_carried_likelihood_belief_keeps_rows_whose_weight_underflowed():
+    # h1's weight falls 10⁻⁸⁰⁰ below h0's (0 in floating point) and comes back when h0's does too:
+    # the carried belief must still hold h1's log posterior to agree with the belief from scratch.
+    eps = 1e-200
+    cells = [[[1 - eps, eps]] * 8, [[eps, 1 - eps]] * 8]
+    _, inst = likelihood_instance(cells, ["a", "b"])
+    observations = [(t, 0) for t in range(4)] + [(t, 1) for t in range(4, 8)]
+    previous = engine.observe(inst, [])
+    for j in range(1, 9):
+        carried = engine.observe(inst, observations[:j], previous=previous)
+        assert_same_belief(carried, engine.observe(inst, observations[:j]), f"{j} observations")
+        previous = carried
+    assert engine.observe(inst, observations[:4]).alive.tolist() == [0]
+    assert previous.alive.tolist() == [0, 1]
+
+
+def test_an_inconsistent_observation_on_a_carried_belief_is_refused():
+    _, inst = deterministic([[0, 0, 0], [0, 1, 1], [1, 1, 0]], ["a", "b", "c"])
+    first = engine.observe(inst, [(0, 0)])
+    with pytest.raises(engine.InconsistentObservation):
+        engine.observe(inst, [(0, 0), (1, 1), (2, 0)], previous=first)
+    assert first.alive.tolist() == [0, 1]
 
 
 # --- selection rules ---------------------------------------------------------------------------
@@ -375,7 +440,7 @@ def compare_with_reference(model: ref.Model, observations, policy: str, where: s
     "kind,policy",
     [("deterministic", p) for p in DETERMINISTIC_POLICIES] + [("likelihood", p) for p in LIKELIHOOD_POLICIES],
 )
-def test_every_hypothesis_its_own_class_agrees_with_the_reference(kind, policy):
+def test_every_hypothesis_its_own_class_agrees_with_the_reference(kind, policy, statistics_path):
     # The default class (= the hypothesis id): the singleton path, which never builds α.
     compared = 0
     for seed in range(80):
@@ -385,11 +450,14 @@ def test_every_hypothesis_its_own_class_agrees_with_the_reference(kind, policy):
     assert compared >= 40, f"only {compared} instances were scored"
 
 
-# (small-class cells, block cells) as multiples of the number of tests: the defaults, then classes
-# of ≥ 4 rows taken as big with 3-row blocks, so big classes span several blocks and runs of small
-# classes are cut into blocks of whole classes (one class larger than a block is a block alone).
-# (small-class cells, block cells, cells that split a batch over two threads), per test.
-PATH_SETTINGS = {"defaults": None, "tiny blocks": (4, 3, None), "big classes split over two threads": (4, 40, 0)}
+# (small-class cells, block cells, cells that split a batch over two threads) as multiples of the
+# number of tests, for the streamed pass: the defaults, then classes of ≥ 4 rows taken as big with
+# 3-row blocks, so big classes span several blocks and runs of small classes are cut into blocks of
+# whole classes (one class larger than a block is a block alone). "dense" is the whole-α path these
+# small instances take by default (class sums by one GEMM), "dense, per-class sums" the same with
+# the sums by np.add.reduceat.
+PATH_SETTINGS = {"dense": None, "dense, per-class sums": None, "streamed": (None, None, None),
+                 "tiny blocks": (4, 3, None), "big classes split over two threads": (4, 40, 0)}
 
 
 def mixed_classes_case(seed: int, kind: str):
@@ -435,10 +503,14 @@ def test_big_and_small_classes_mixed_agree_with_the_reference(kind, policy, sett
     compared = 0
     for seed in range(30):
         model, observations, sizes = mixed_classes_case(20_000 + seed, kind)
+        if setting == "dense, per-class sums":
+            monkeypatch.setattr(belief_module, "_DENSE_FLOPS", 0)
         if PATH_SETTINGS[setting] is not None:
             small, block, parallel = PATH_SETTINGS[setting]
-            monkeypatch.setattr(belief_module, "_SMALL_CLASS_CELLS", small * model.n_tests)
-            monkeypatch.setattr(belief_module, "_BLOCK_CELLS", block * model.n_tests)
+            monkeypatch.setattr(belief_module, "_DENSE_CELLS", 0)
+            if small is not None:
+                monkeypatch.setattr(belief_module, "_SMALL_CLASS_CELLS", small * model.n_tests)
+                monkeypatch.setattr(belief_module, "_BLOCK_CELLS", block * model.n_tests)
             if parallel is not None:
                 monkeypatch.setattr(belief_module, "_PARALLEL_CELLS", parallel)
         compared += compare_with_reference(model, observations, policy, f"seed {seed}, {policy}, sizes {sizes}")[2]
@@ -446,7 +518,7 @@ def test_big_and_small_classes_mixed_agree_with_the_reference(kind, policy, sett
 
 
 @pytest.mark.parametrize("kind", ["deterministic", "likelihood"])
-def test_streamed_statistics_equal_the_dense_alpha_at_the_default_block_sizes(kind):
+def test_streamed_statistics_equal_the_dense_alpha_at_the_default_block_sizes(kind, monkeypatch):
     # Big enough for every path at the default sizes: a 700-row class (700 × 20 cells ≥ 2¹³, so
     # per-class GEMVs), runs of singletons and of small classes (2–5 rows), with part of the
     # hypotheses ruled out so the alive rows are gathered, not sliced. Checked against α built
@@ -469,6 +541,7 @@ def test_streamed_statistics_equal_the_dense_alpha_at_the_default_block_sizes(ki
         observations = [("t0", "b"), ("t1", "a")]
     inst = compile_wire(payload)
     belief = engine.observe(inst, engine.parse_observations(inst, observations))
+    monkeypatch.setattr(belief_module, "_DENSE_CELLS", 0)
     stats = belief.outcome_stats()
 
     if kind == "deterministic":

@@ -8,7 +8,7 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -38,6 +38,13 @@ _SMALL_CLASS_CELLS = 1 << 12
 # about half the time on an idle 2-core machine at (1e5, 1e3), bit-identical results. Smaller
 # steps are not worth the hand-off.
 _PARALLEL_CELLS = 1 << 23
+# At most this many alive numbers (rows × tests × outcomes), α is built whole, (classes, N, ℓ), by
+# one vectorised sum per class: a handful of numpy calls in all, where the streamed pass pays
+# ~0.1 ms of fixed cost (run detection, blocks, complements) that dominates small steps.
+_DENSE_CELLS = 1 << 17
+# ... and the classes' sums are one GEMM with the matrix of class weights when that costs at most
+# this many multiplications (classes × rows × N × ℓ), else a per-class np.add.reduceat.
+_DENSE_FLOPS = 1 << 22
 _helper_thread: ThreadPoolExecutor | None = None
 _helper_lock = threading.Lock()
 
@@ -111,6 +118,11 @@ class Belief:
     observations: tuple[Observation, ...]
     alive: np.ndarray  # (|V|,) sorted hypothesis indices
     mass: np.ndarray  # (|V|,) float64 > 0
+    # Likelihood instances, to carry the belief forward exactly (see :func:`observe`): the rows
+    # whose log posterior is finite (alive rows and rows whose weight underflowed to 0, which a
+    # later observation can bring back) and that unnormalised, unshifted log posterior.
+    support: np.ndarray | None = field(default=None, repr=False)
+    log_posterior: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def total_mass(self) -> float:
@@ -171,30 +183,60 @@ class Belief:
         first = next(iter(v for v in extra.values() if isinstance(v, PowerSums)))
         return OutcomeStats(p=first.after[0, 0], b=self.class_mass / self.total_mass, **extra)
 
-def observe(inst: CompiledInstance, observations: Sequence[Observation]) -> Belief:
+
+def observe(inst: CompiledInstance, observations: Sequence[Observation], previous: Belief | None = None) -> Belief:
     """The belief after ``observations`` (already parsed). Raises ``InconsistentObservation``
-    when they leave no hypothesis alive; nothing is mutated either way."""
+    when they leave no hypothesis alive; nothing is mutated either way.
+
+    ``previous``, when given and its observations are the first ones of ``observations`` (the
+    step before, in a session), is carried forward: only the later observations are applied, to
+    its survivors, O(|V|) each instead of a pass over every row. The result is the same, bit for
+    bit. Any other ``previous`` is ignored."""
     observations = tuple(observations)
+    done = 0
+    if (previous is not None and previous.instance is inst
+            and (inst.outcomes is not None or previous.support is not None)
+            and observations[: len(previous.observations)] == previous.observations):
+        done = len(previous.observations)
     if inst.outcomes is not None:
-        keep = inst.prior > 0
-        for t, k in observations:
-            keep &= inst.outcomes[:, t] == k
-        alive = np.flatnonzero(keep)
+        alive = previous.alive if done else None
+        # Filter the survivors of each observation in turn: late in a session each filter reads
+        # a handful of rows, not a column of the whole matrix.
+        for t, k in observations[done:]:
+            if alive is None:
+                alive = np.flatnonzero((inst.outcomes[:, t] == k) & (inst.prior > 0))
+            else:
+                alive = alive[inst.outcomes[alive, t] == k]
+        if alive is None:
+            alive = np.flatnonzero(inst.prior > 0)
         if alive.size == 0:
             raise InconsistentObservation(_inconsistent_message(inst, observations))
         return Belief(inst, observations, alive, inst.prior[alive])
+    if done:
+        support, log_post = previous.support, previous.log_posterior
+    else:
+        with np.errstate(divide="ignore"):
+            log_post = np.log(inst.prior)
+        support = np.arange(inst.n_hypotheses)
+    rows = slice(None) if support.size == inst.n_hypotheses else support
     with np.errstate(divide="ignore"):
-        log_post = np.log(inst.prior)
-    for t, k in observations:
-        log_post = log_post + inst.log_likelihood[:, t, k]
-    top = log_post.max()
+        for t, k in observations[done:]:
+            # The log of one column of likelihoods per observation: O(n), and no second
+            # n × N × ℓ tensor of logs beside the instance.
+            log_post = log_post + np.log(inst.likelihood[rows, t, k])
+    top = log_post.max() if log_post.size else -np.inf
     if not np.isfinite(top):
         raise InconsistentObservation(_inconsistent_message(inst, observations))
+    finite = log_post > -np.inf
+    if not finite.all():
+        # Rows of probability 0 (log −∞) stay there whatever comes next: no need to carry them.
+        support, log_post = support[finite], log_post[finite]
     # Shift by the maximum before exponentiating: 500+ observations stay finite and exact.
     weight = np.exp(log_post - top)
-    alive = np.flatnonzero(weight > 0)
-    mass = weight[alive]
-    return Belief(inst, observations, alive, mass / mass.sum())
+    positive = weight > 0
+    alive = support if positive.all() else support[positive]
+    mass = weight[positive] if alive is not support else weight
+    return Belief(inst, observations, alive, mass / mass.sum(), support, log_post)
 
 
 def _inconsistent_message(inst: CompiledInstance, observations: Sequence[Observation]) -> str:
@@ -313,6 +355,8 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
     n_tests, width = inst.n_tests, inst.max_outcomes
     total = belief.total_mass
     weight = belief.mass / total
+    if len(belief.alive) * n_tests * width <= _DENSE_CELLS:
+        return _dense_stats(belief, wanted, weight, belief.class_mass / total)
     sums = _Sums(n_tests, width, wanted)
     deterministic = inst.outcomes is not None
     by_outcome = None if deterministic else inst.likelihood_by_outcome
@@ -359,6 +403,42 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
                 _add_likelihood_block(sums, by_outcome, rows, w, boundaries[i:j] - start, j - i == stop - start)
             i = j
     return sums.finish(belief.class_mass / total)
+
+
+def _dense_stats(belief: Belief, wanted: frozenset[str], weight: np.ndarray, b: np.ndarray) -> OutcomeStats:
+    """Small beliefs: α as a whole (classes, ℓ, N) array, then each statistic is one reduction over
+    its first axis. A(h, x, t) = P(X_t = x | h) (one-hot answers, or the likelihood rows);
+    a(i, x, t) = Σ_{h ∈ H_i ∩ V} w(h) A(h, x, t): the weights times A for singleton classes, else
+    one GEMM of the (classes × rows) matrix of weights with A, or a per-run sum when that GEMM
+    would do more than _DENSE_FLOPS multiplications. No complements: no round-off to bound."""
+    inst, alive = belief.instance, belief.alive
+    rows = len(alive)
+    if inst.outcomes is not None:
+        cells = inst.outcomes[alive]
+        # (rows, ℓ, N): the comparison's inner loop runs along the N tests, not the ℓ outcomes.
+        answers = cells[:, None, :] == np.arange(inst.max_outcomes, dtype=cells.dtype)[:, None]
+    else:
+        answers = inst.likelihood_by_outcome[alive]
+    classes = inst.class_index[alive]
+    changes = classes[1:] != classes[:-1]
+    n_runs = int(np.count_nonzero(changes)) + 1
+    if n_runs == rows:
+        a = answers * weight[:, None, None]
+    elif n_runs * answers.size <= _DENSE_FLOPS:
+        class_weights = np.zeros((n_runs, rows))
+        run = np.concatenate(([0], np.cumsum(changes)))
+        class_weights[run, np.arange(rows)] = weight
+        a = (class_weights @ answers.reshape(rows, -1)).reshape(n_runs, *answers.shape[1:])
+    else:
+        a = np.add.reduceat(answers * weight[:, None, None], np.concatenate(([0], np.flatnonzero(changes) + 1)),
+                            axis=0)
+    # (N, ℓ) views of the (ℓ, N) reductions.
+    return OutcomeStats(
+        a.sum(axis=0).T, b,
+        sum_sq=np.einsum("cxt,cxt->xt", a, a).T if "sum_sq" in wanted else None,
+        sum_xlogx=xlog2x(a).sum(axis=0).T if "sum_xlogx" in wanted else None,
+        max=a.max(axis=0).T if "max" in wanted else None,
+    )
 
 
 def _classes_alpha_split(inst: CompiledInstance, rows_of, weight: np.ndarray, starts: np.ndarray,

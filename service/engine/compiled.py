@@ -106,7 +106,7 @@ class CompiledInstance:
         signs = np.where(subsets.sum(axis=1) % 2 == 1, 1.0, -1.0)
         return subsets, signs
 
-    @property
+    @cached_property
     def max_outcomes(self) -> int:
         return max(len(labels) for labels in self.outcome_labels)
 
@@ -124,11 +124,6 @@ class CompiledInstance:
         a one-off copy (cached) for a tensor built another way, e.g. decoded (n, N, ℓ) bytes."""
         by_outcome = self.likelihood.transpose(0, 2, 1)
         return by_outcome if by_outcome.flags.c_contiguous else np.ascontiguousarray(by_outcome)
-
-    @cached_property
-    def log_likelihood(self) -> np.ndarray:
-        with np.errstate(divide="ignore"):
-            return np.log(self.likelihood)
 
     @cached_property
     def p_min(self) -> float:
