@@ -17,22 +17,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel
 
-from schemas.api import (
-    Candidate,
-    DecisionOut,
-    HistoryEntry,
-    InstanceSummary,
-    NextTest,
-    SelectRequest,
-    SessionCreate,
-    SessionState,
-    StepConfig,
-    StepState,
-)
+from schemas.api import InstanceSummary, SelectRequest, SessionCreate, StepConfig
 from schemas.instance import Instance
 from service import engine
 from service.errors import (
@@ -58,11 +47,15 @@ EXPLAIN_CANDIDATES = 5
 SESSION_ID_BYTES = 18
 
 Labelled = tuple[tuple[str, str], ...]
+# A response body as plain data, serialised by orjson as it is: the wire models of schemas/api.py
+# (SessionState, StepState) define it, and the API tests validate real bodies against them, but
+# building and dumping a pydantic model per response cost ~15% of an observation's CPU.
+WireBody = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class SessionResult:
-    state: SessionState
+    state: WireBody  # SessionState's wire form
     version: int  # the ETag of the session's representation
     created: bool = False
     replayed: bool = False
@@ -74,21 +67,43 @@ def instance_summary(inst: engine.CompiledInstance) -> InstanceSummary:
                            decisions=list(inst.decision_labels) if inst.is_decision else None)
 
 
+@dataclass(frozen=True, eq=False)
+class _Step:
+    """One computed step: StepState's wire form without ``candidates``, and the candidates (sent
+    with ?explain=true)."""
+
+    body: WireBody
+    candidates: list[WireBody]
+
+    @property
+    def done(self) -> bool:
+        return self.body["done"]
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.body["stop_reason"]
+
+
 class _StepCache:
     """A small per-process LRU of computed steps keyed by everything a step depends on
-    (instance, policy, stop rules, seed, observations). A POST of an observation needs the state
-    before it (is the session done?) and after it; the one before is usually the step this
-    worker answered last time, so it is not computed twice. Bounded by the bytes its entries
-    hold (keys and states, :func:`_deep_size`), not their number: a step of a long session
-    carries its whole history."""
+    (instance, policy, stop rules, the seed where the policy draws from it, observations). A POST
+    of an observation needs the step before it (is the session done?) and after it; the one
+    before is usually the step this worker answered last time, so it is not computed twice, and
+    its belief is carried forward to compute the one after (a pass over the survivors, not over
+    every row).
+
+    Bounded by the bytes its entries hold, not their number: keys and steps (:func:`_deep_size`;
+    a step of a long session carries its whole history) and the beliefs kept to carry forward
+    (their arrays). A belief over an eighth of the budget is not kept (its step is): it would push
+    out many steps to save one pass."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.nbytes = 0
-        self._entries: OrderedDict[tuple, tuple[StepState, int]] = OrderedDict()
+        self._entries: OrderedDict[tuple, tuple[_Step, engine.Belief | None, int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple) -> StepState | None:
+    def get(self, key: tuple) -> _Step | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -96,18 +111,27 @@ class _StepCache:
             self._entries.move_to_end(key)
             return entry[0]
 
-    def put(self, key: tuple, state: StepState) -> None:
-        size = _deep_size(key) + _deep_size(state)
+    def belief(self, key: tuple) -> engine.Belief | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            return None if entry is None else entry[1]
+
+    def put(self, key: tuple, step: _Step, belief: engine.Belief) -> None:
+        size = _deep_size(key) + _deep_size(step)
+        held = _belief_bytes(belief)
+        if held > self.max_bytes // 8:
+            belief, held = None, 0
+        size += held
         if size > self.max_bytes:
             return
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self.nbytes -= old[1]
-            self._entries[key] = (state, size)
+                self.nbytes -= old[2]
+            self._entries[key] = (step, belief, size)
             self.nbytes += size
             while self.nbytes > self.max_bytes:
-                _, (_, evicted) = self._entries.popitem(last=False)
+                _, (_, _, evicted) = self._entries.popitem(last=False)
                 self.nbytes -= evicted
 
     def __len__(self) -> int:
@@ -115,23 +139,26 @@ class _StepCache:
 
 
 def _deep_size(value, seen: set[int] | None = None) -> int:
-    """Bytes of ``value`` and everything it holds (pydantic models, containers, scalars), each
-    object once. Strings shared with the compiled instance are counted again: an overestimate,
-    which is the safe side for a bound."""
+    """Bytes of ``value`` and everything it holds (containers, dataclasses, scalars), each object
+    once. Strings shared with the compiled instance are counted again: an overestimate, which is
+    the safe side for a bound."""
     seen = set() if seen is None else seen
     if id(value) in seen:
         return 0
     seen.add(id(value))
     size = sys.getsizeof(value)
-    if isinstance(value, BaseModel):
-        size += _deep_size(value.__dict__, seen)
-    elif isinstance(value, dict):
+    if isinstance(value, dict):
         size += sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in value.items())
     elif isinstance(value, (list, tuple, set, frozenset)):
         size += sum(_deep_size(item, seen) for item in value)
     elif hasattr(value, "__dataclass_fields__"):
         size += sum(_deep_size(getattr(value, name), seen) for name in value.__dataclass_fields__)
     return size
+
+
+def _belief_bytes(belief: engine.Belief) -> int:
+    arrays = {id(a): a for a in (belief.alive, belief.mass, belief.support, belief.log_posterior) if a is not None}
+    return sum(a.nbytes for a in arrays.values())
 
 
 class Sessions:
@@ -276,7 +303,7 @@ class Sessions:
             return SessionResult(self._state(updated, compiled, explain), updated.version)
         raise ConcurrentUpdate("the session kept changing while this update was applied; retry")
 
-    def select(self, request: SelectRequest, tenant: str = DEFAULT_TENANT, explain: bool = False) -> StepState:
+    def select(self, request: SelectRequest, tenant: str = DEFAULT_TENANT, explain: bool = False) -> WireBody:
         """The step for observations the client keeps itself; nothing is stored."""
         compiled = self._instance_of(request, tenant, store_inline=False)
         policy = engine.resolve_policy(compiled, request.policy).name
@@ -285,8 +312,7 @@ class Sessions:
         rules = engine.StopRules(request.max_tests, None if request.max_cost is None else float(request.max_cost),
                                  None if request.confidence is None else float(request.confidence),
                                  None if request.max_expected_loss is None else float(request.max_expected_loss))
-        state = self._compute(compiled, policy, rules, request.seed, observations)
-        return _with_candidates(state, explain)
+        return _wire(self._compute(compiled, policy, rules, request.seed, observations), explain)
 
     # --- the steps ----------------------------------------------------------------------
 
@@ -322,26 +348,30 @@ class Sessions:
             fresh.append((test, outcome))
         return tuple(fresh)
 
-    def _step(self, record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> StepState:
+    def _step(self, record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> _Step:
         rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss)
         return self._compute(compiled, record.policy, rules, record.seed, observations)
 
     def _compute(self, compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
-                 observations: Labelled) -> StepState:
-        key = (compiled.content_hash, policy, rules, seed, observations)
-        state = self._steps.get(key)
-        if state is None:
+                 observations: Labelled) -> _Step:
+        # Only the random policy draws from the seed: for the others, sessions that differ in
+        # their seed alone share their steps.
+        key = (compiled.content_hash, policy, rules, seed if policy == "random" else None)
+        step = self._steps.get((*key, observations))
+        if step is None:
             with SELECTION_SECONDS.time():
                 parsed = engine.parse_observations(compiled, observations)
-                decision = engine.next_step(compiled, parsed, policy, rules, seed)
-            state = _step_state(compiled, policy, decision)
-            self._steps.put(key, state)
-        return state
+                previous = self._steps.belief((*key, observations[:-1])) if observations else None
+                belief = engine.observe(compiled, parsed, previous)
+                decision = engine.decide(belief, engine.resolve_policy(compiled, policy), rules, seed)
+            step = _step_of(compiled, policy, decision)
+            self._steps.put((*key, observations), step, belief)
+        return step
 
-    def _state(self, record: SessionRecord, compiled: engine.CompiledInstance, explain: bool) -> SessionState:
-        step = _with_candidates(self._step(record, compiled, record.observations), explain)
-        return SessionState(session_id=record.session_id, expires_at=_rfc3339(record.expires_at),
-                            **{name: getattr(step, name) for name in StepState.model_fields})
+    def _state(self, record: SessionRecord, compiled: engine.CompiledInstance, explain: bool) -> WireBody:
+        """SessionState's wire form: the session's id, its step's fields, when it expires."""
+        step = self._step(record, compiled, record.observations)
+        return {"session_id": record.session_id, **_wire(step, explain), "expires_at": _rfc3339(record.expires_at)}
 
 
 def _config_of(record: SessionRecord) -> tuple:
@@ -353,54 +383,52 @@ def _rfc3339(unix_seconds: float) -> str:
     return datetime.fromtimestamp(unix_seconds, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _with_candidates(state: StepState, explain: bool) -> StepState:
-    if explain:
-        return state
-    return state.model_copy(update={"candidates": None})
+def _wire(step: _Step, explain: bool) -> WireBody:
+    """StepState's wire form, with the candidates only when asked for."""
+    return {**step.body, "candidates": step.candidates} if explain else step.body
 
 
-def _step_state(compiled: engine.CompiledInstance, policy: str, decision: engine.Decision) -> StepState:
+def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.Decision) -> _Step:
     belief = decision.belief
     posterior = belief.class_posterior
     order = np.argsort(-posterior, kind="stable")  # most probable first; ties in instance order
     order = order[posterior[order] > 0]
-    history = [
-        HistoryEntry(test=compiled.test_ids[t], outcome=compiled.outcome_labels[t][k], cost=float(compiled.costs[t]))
-        for t, k in belief.observations
-    ]
+    labels, tests, costs = compiled.class_labels, compiled.test_ids, compiled.costs
     next_test = None
     if decision.next_test is not None:
         t = decision.next_test
-        next_test = NextTest(id=compiled.test_ids[t], cost=float(compiled.costs[t]),
-                             outcomes=list(compiled.outcome_labels[t]))
+        next_test = {"id": tests[t], "cost": float(costs[t]), "outcomes": list(compiled.outcome_labels[t])}
     scores = decision.scores
     scored = np.flatnonzero(~np.isnan(scores))
-    best = scored[np.argsort(-scores[scored], kind="stable")][:EXPLAIN_CANDIDATES]
-    return StepState(
-        policy=policy,
-        step=len(belief.observations),
-        next_test=next_test,
-        done=decision.done,
-        stop_reason=None if decision.stop_reason is None else str(decision.stop_reason),
-        cost_spent=float(belief.cost_spent),
-        history=history,
-        class_posterior={compiled.class_labels[i]: float(posterior[i]) for i in order},
-        map_class=compiled.class_labels[int(order[0])],
-        version_space_size=int(belief.alive.size) if compiled.kind == "deterministic" else None,
-        candidates=[Candidate(test=compiled.test_ids[t], score=float(scores[t]), cost=float(compiled.costs[t]))
-                    for t in best],
+    best = scored[np.argsort(-scores[scored], kind="stable")][:EXPLAIN_CANDIDATES].tolist()
+    body = {
+        "policy": policy,
+        "step": len(belief.observations),
+        "next_test": next_test,
+        "done": decision.done,
+        "stop_reason": None if decision.stop_reason is None else str(decision.stop_reason),
+        "cost_spent": float(belief.cost_spent),
+        "history": [{"test": tests[t], "outcome": compiled.outcome_labels[t][k], "cost": float(costs[t])}
+                    for t, k in belief.observations],
+        "class_posterior": dict(zip((labels[i] for i in order.tolist()), posterior[order].tolist())),
+        "map_class": labels[int(order[0])],
+        "version_space_size": int(belief.alive.size) if compiled.kind == "deterministic" else None,
         **_decision_fields(compiled, belief),
-    )
+    }
+    candidates = [{"test": tests[t], "score": float(scores[t]), "cost": float(costs[t])} for t in best]
+    return _Step(body, candidates)
 
 
-def _decision_fields(compiled: engine.CompiledInstance, belief: engine.Belief) -> dict:
+def _decision_fields(compiled: engine.CompiledInstance, belief: engine.Belief) -> WireBody:
+    """Decision instances: the decision to act on (``expected_loss`` only with losses) and
+    P(acceptable) per decision, most probable first; nothing for a class instance."""
     if not compiled.is_decision:
         return {}
     probability, losses = engine.decision_posterior(belief), engine.expected_loss(belief)
     chosen = engine.choose_decision(probability, losses)
+    decision = {"id": compiled.decision_labels[chosen], "probability": float(probability[chosen])}
+    if losses is not None:
+        decision["expected_loss"] = float(losses[chosen])
     order = np.argsort(-probability, kind="stable")
-    return {
-        "decision": DecisionOut(id=compiled.decision_labels[chosen], probability=float(probability[chosen]),
-                                expected_loss=None if losses is None else float(losses[chosen])),
-        "decision_posterior": {compiled.decision_labels[d]: float(probability[d]) for d in order},
-    }
+    return {"decision": decision,
+            "decision_posterior": {compiled.decision_labels[d]: float(probability[d]) for d in order}}

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from api_support import QUAD, Delegating, assert_problem, new_session, observe, stored
+from api_support import NOISY, QUAD, TRIAGE, Delegating, assert_problem, new_session, observe, stored
+from schemas.api import SessionState, StepState
+from service import engine
 from service.app import create_app
+from service.sessions import _Step, _StepCache
+from tests.builders import compile_wire
 from service.store import StoreUnavailable, VersionConflict, create_store
 
 
@@ -173,3 +177,92 @@ def test_store_unavailable_is_503_with_retry_after(app_config):
     assert response.headers["Retry-After"] == "1"
     Down.down = False
     assert stored(app, sid) == before
+
+
+# --- plain-data bodies and the step cache ---------------------------------------------------
+
+
+# Decision instances: acceptable sets (no losses), and losses on a likelihood instance.
+DECISIONS = {
+    "tests": [{"id": "cheap", "cost": 1, "outcomes": ["a", "b"]}, {"id": "dear", "cost": 10, "outcomes": ["x", "y"]}],
+    "decisions": ["A", "B"],
+    "hypotheses": [
+        {"id": "h1", "acceptable": ["A"], "outcomes": {"cheap": "a", "dear": "y"}},
+        {"id": "h2", "acceptable": ["A", "B"], "outcomes": {"cheap": "b", "dear": "x"}},
+        {"id": "h3", "acceptable": ["B"], "outcomes": {"cheap": "b", "dear": "y"}},
+    ],
+}
+LOSSES = {
+    "tests": [{"id": "q", "outcomes": ["no", "yes"]}],
+    "decisions": ["home", "hospital"],
+    "hypotheses": [
+        {"id": "minor", "prior": 0.7, "loss": {"home": 0, "hospital": 1}, "likelihoods": {"q": {"no": 0.9, "yes": 0.1}}},
+        {"id": "major", "prior": 0.3, "loss": {"home": 20, "hospital": 0}, "likelihoods": {"q": {"no": 0.2, "yes": 0.8}}},
+    ],
+}
+
+
+@pytest.mark.parametrize("instance", [TRIAGE, QUAD, NOISY, DECISIONS, LOSSES],
+                         ids=["triage", "quad", "noisy", "decisions", "losses"])
+def test_every_session_body_is_exactly_its_wire_model(client, instance):
+    # Bodies are built as plain data for orjson: they must be what the wire models say, field for
+    # field, with the optional extras left out (not null) when absent, as body_of writes models.
+    def check(body: dict, model) -> None:
+        dumped = model.model_validate(body).model_dump()
+        for optional in ("candidates", "decision", "decision_posterior"):
+            if optional not in body:
+                assert dumped.pop(optional) is None
+        if "decision" in body and "expected_loss" not in body["decision"]:
+            assert dumped["decision"].pop("expected_loss") is None
+        assert dumped == body
+
+    created = new_session(client, instance, max_tests=5)
+    check(created, SessionState)
+    assert ("decision" in created) == (instance in (DECISIONS, LOSSES))
+    assert ("expected_loss" in created.get("decision", {})) == (instance is LOSSES)
+    sid = created["session_id"]
+    test = created["next_test"]["id"]
+    outcome = created["next_test"]["outcomes"][0]
+    observed = observe(client, sid, {"test": test, "outcome": outcome}).get_json()
+    check(observed, SessionState)
+    shown = client.get(f"/v1/sessions/{sid}?explain=true").get_json()
+    check(shown, SessionState)
+    assert "candidates" in shown and "candidates" not in observed
+    selected = client.post("/v1/select", json={"instance": instance, "observations": [
+        {"test": test, "outcome": outcome}], "max_tests": 5}).get_json()
+    check(selected, StepState)
+    assert selected == {k: v for k, v in observed.items() if k not in ("session_id", "expires_at")}
+
+
+def test_sessions_differing_only_in_their_seed_share_steps_unless_the_policy_draws(client, monkeypatch):
+    decided = []
+    original = engine.decide
+    monkeypatch.setattr(engine, "decide", lambda *args, **kwargs: decided.append(args[1].name) or original(
+        *args, **kwargs))
+    for seed in (1, 2, 3):
+        new_session(client, QUAD, seed=seed)
+    assert decided == ["ec2"]
+    for seed in (1, 2, 3):
+        new_session(client, QUAD, seed=seed, policy="random")
+    assert decided == ["ec2"] + ["random"] * 3
+
+
+def test_the_step_after_an_observation_carries_the_belief_before_it_forward(client, monkeypatch):
+    given = []
+    original = engine.observe
+    monkeypatch.setattr(engine, "observe", lambda inst, observations, previous=None: given.append(
+        None if previous is None else len(previous.observations)) or original(inst, observations, previous))
+    sid = new_session(client, QUAD)["session_id"]
+    observe(client, sid, {"test": "a", "outcome": "0"})
+    observe(client, sid, {"test": "b", "outcome": "1"})
+    assert given == [None, 0, 1]
+
+
+def test_a_belief_over_an_eighth_of_the_step_cache_is_not_kept_but_its_step_is():
+    belief = engine.observe(compile_wire(QUAD), [])  # 4 alive: 64 bytes of arrays
+    for budget, kept in ((8 * 64 - 8, False), (100_000, True)):
+        cache = _StepCache(max_bytes=budget)
+        cache.put(("a",), _Step({"done": False}, []), belief)
+        assert cache.get(("a",)).body == {"done": False}
+        assert (cache.belief(("a",)) is belief) == kept
+        assert 0 < cache.nbytes <= budget

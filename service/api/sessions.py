@@ -53,7 +53,7 @@ def _idempotency_key() -> str | None:
 def _respond(result: SessionResult, status: int = 200) -> Response:
     headers = {"ETag": _etag(result.version), "Cache-Control": "no-store"}
     if status == 201:
-        headers["Location"] = url_for(".show", session_id=result.state.session_id)
+        headers["Location"] = url_for(".show", session_id=result.state["session_id"])
     if result.replayed:
         headers["Idempotent-Replayed"] = "true"
     return json_response(result.state, status, headers=headers)
