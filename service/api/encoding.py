@@ -187,6 +187,8 @@ class InvalidHeaderValue(ServiceError):
 
 def flag(name: str) -> bool:
     """A boolean query parameter (``?explain=true``; also 1/yes and false/0/no); else 400."""
+    if not request.query_string:
+        return False  # without parsing the (absent) query string into request.args
     raw = request.args.get(name)
     if raw is None:
         return False
