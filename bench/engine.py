@@ -221,7 +221,6 @@ def late_session_rows(rounds: int) -> None:
     truth = 0
     observations = []
     with engine_split(False):
-        belief = engine.observe(inst, [])
         for _ in range(10):
             t = engine.next_step(inst, observations, "ec2").next_test
             observations.append((t, int(inst.outcomes[truth, t])))
