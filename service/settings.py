@@ -57,7 +57,8 @@ class Settings(BaseSettings):
     instance_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description=(
         "per-worker LRU of compiled instances, bytes (arrays and labels)"))
     step_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, description=(
-        "per-worker LRU of computed steps, bytes (estimated from the objects held)"))
+        "per-worker LRU of computed steps and the beliefs carried to the next, bytes (estimated from "
+        "the objects held)"))
     # What one tenant may keep stored at once, counted by the store with the write.
     tenant_max_instances: int = Field(default=1_000, ge=0, description=(
         "instances one tenant may have stored (429 `quota-exceeded`); 0: no limit"))
