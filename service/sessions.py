@@ -354,16 +354,17 @@ class Sessions:
 
     def _compute(self, compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
                  observations: Labelled) -> _Step:
-        # Only the random policy draws from the seed: for the others, sessions that differ in
-        # their seed alone share their steps.
-        key = (compiled.content_hash, policy, rules, seed if policy == "random" else None)
+        resolved = engine.resolve_policy(compiled, policy)
+        # Sessions that differ in their seed alone share their steps, unless the policy draws
+        # from the seed.
+        key = (compiled.content_hash, policy, rules, seed if resolved.seeded else None)
         step = self._steps.get((*key, observations))
         if step is None:
             with SELECTION_SECONDS.time():
                 parsed = engine.parse_observations(compiled, observations)
                 previous = self._steps.belief((*key, observations[:-1])) if observations else None
                 belief = engine.observe(compiled, parsed, previous)
-                decision = engine.decide(belief, engine.resolve_policy(compiled, policy), rules, seed)
+                decision = engine.decide(belief, resolved, rules, seed)
             step = _step_of(compiled, policy, decision)
             self._steps.put((*key, observations), step, belief)
         return step

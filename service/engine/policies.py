@@ -36,6 +36,8 @@ class Policy:
     statistics: frozenset[str] = frozenset()  # read by gain beyond p and b
     # Reads decision regions: runs on decision instances only, and stops when decided.
     decision: bool = False
+    # Draws its choice from the seed; every other policy's step depends on the observations alone.
+    seeded: bool = False
 
 
 def ec2_gain(stats: OutcomeStats) -> np.ndarray:
@@ -166,7 +168,7 @@ POLICIES: dict[str, Policy] = {
         Policy("uncertainty", uncertainty_gain,
                summary="uncertainty sampling: entropy of the test's outcome"),
         Policy("random", random_gain,
-               summary="a uniformly random informative test (seeded)"),
+               summary="a uniformly random informative test (seeded)", seeded=True),
         Policy("hec", hec_gain, decision=True,
                summary="HEC: expected share of hyperedges (hypotheses sharing no decision) cut, per unit cost",
                statistics=frozenset({"hyperedge_sums"})),

@@ -161,7 +161,7 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
         beyond_budget = unrun & ~eligible & (gain > ZERO_GAIN)
         return stop(StopReason.BUDGET_EXHAUSTED if beyond_budget.any() else StopReason.NO_INFORMATIVE_TEST)
 
-    if policy.name == "random":
+    if policy.seeded:
         # Seeded by (seed, step) so a replay of the same observations picks the same test.
         candidates = np.flatnonzero(informative)
         rng = np.random.default_rng([seed, len(belief.observations)])
