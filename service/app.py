@@ -38,7 +38,9 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
     app.config.update(MAX_CONTENT_LENGTH=settings.max_body_bytes, JSON_SORT_KEYS=False)
     if store is None:
         store = create_store(settings.redis_url, session_ttl=settings.session_ttl, key_prefix=settings.key_prefix,
-                             instance_cache_bytes=settings.instance_cache_bytes, quotas=quotas_of(settings))
+                             instance_cache_bytes=settings.instance_cache_bytes, quotas=quotas_of(settings),
+                             redis_cluster=settings.redis_cluster, redis_wait_replicas=settings.redis_wait_replicas,
+                             redis_wait_timeout_ms=settings.redis_wait_timeout_ms)
     domain = Sessions(store, session_ttl=settings.session_ttl, max_cells=settings.max_cells,
                       max_compiled_bytes=settings.max_compiled_bytes, step_cache_bytes=settings.step_cache_bytes)
     app.extensions[EXTENSION] = Services(settings=settings, store=store, sessions=domain)

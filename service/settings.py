@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.logs import LogFormat
@@ -27,6 +27,15 @@ class Settings(BaseSettings):
 
     redis_url: str | None = Field(default=None, description=(
         "`redis://`, `rediss://` or `unix://` URL; unset: the embedded in-memory store (one process)"))
+    redis_cluster: bool = Field(default=False, description=(
+        "`true`: `REDIS_URL` names any node of a Redis Cluster; redis-py's cluster client finds the rest "
+        "(docs/scaling.md)"))
+    redis_wait_replicas: int = Field(default=0, ge=0, le=16, description=(
+        "replicas that must confirm each write (Redis `WAIT`) before it is acknowledged; fewer within "
+        "REDIS_WAIT_TIMEOUT_MS: 503. 0: acknowledged once the master has it (docs/scaling.md)"))
+    redis_wait_timeout_ms: int = Field(default=250, ge=1, le=450, description=(
+        "how long a write waits for those replicas; below the 500 ms command timeout, so a slow replica "
+        "is a 503, never a hung request"))
     session_ttl: int = Field(default=86_400, ge=1, le=365 * 86_400, description=(
         "seconds a session lives after its last read or write (instances: twice that after last use)"))
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description=(
@@ -124,6 +133,12 @@ class Settings(BaseSettings):
         if value is not None and not str(value).startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must start with redis://, rediss:// or unix://")
         return value
+
+    @model_validator(mode="after")
+    def _cluster_needs_a_url(self) -> Settings:
+        if (self.redis_cluster or self.redis_wait_replicas) and self.redis_url is None:
+            raise ValueError("REDIS_CLUSTER and REDIS_WAIT_REPLICAS need REDIS_URL")
+        return self
 
     @property
     def uses_memory_store(self) -> bool:

@@ -81,6 +81,103 @@ def served():
     server.stop()
 
 
+class RedisClusterServers:
+    """A local Redis Cluster: ``masters`` masters with ``replicas`` replicas each, every node a
+    redis-server child on free ports (its cluster bus port too), joined by
+    ``redis-cli --cluster create``. A test takes a node away with ``node.stop(kill=True)``."""
+
+    NODE_TIMEOUT_MS = 1000  # how long a silent master stays unsuspected; failover follows in ~1–2 s
+
+    def __init__(self, workdir: Path, masters: int = 3, replicas: int = 1):
+        self.workdir = workdir
+        self.nodes: list[RedisServer] = []
+        for i in range(masters * (1 + replicas)):
+            node_dir = workdir / f"node-{i}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            node = RedisServer(node_dir, "--cluster-enabled", "yes", "--cluster-port", str(free_port()),
+                               "--cluster-config-file", "nodes.conf",
+                               "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS), "--appendonly", "no")
+            self.nodes.append(node)
+        self.replicas = replicas
+
+    @property
+    def url(self) -> str:
+        """Any live node's URL: a cluster client discovers the others from it."""
+        return next(node.url for node in self.nodes if node.process is not None)
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        subprocess.run(["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas),
+                        "--cluster-yes"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=60)
+        self.wait_until_ok()
+
+    def cluster_info(self, node: RedisServer) -> dict[str, str]:
+        out = subprocess.run(["redis-cli", "-p", str(node.port), "cluster", "info"], capture_output=True,
+                             text=True, timeout=5).stdout
+        return dict(line.strip().split(":", 1) for line in out.splitlines() if ":" in line)
+
+    def wait_until_ok(self, timeout: float = 30.0) -> None:
+        """Until every live node says cluster_state:ok and every replica has synced (a replica
+        still loading its first copy confirms no WAIT)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            live = [node for node in self.nodes if node.process is not None]
+            if all(self.cluster_info(node).get("cluster_state") == "ok" for node in live) and all(
+                    self.role(node)[0] == "master" or self.role(node)[3] == "connected" for node in live):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the Redis Cluster did not reach cluster_state:ok with synced replicas")
+
+    def role(self, node: RedisServer) -> list[str]:
+        """ROLE, flattened: ["master", offset, ...] or ["slave", host, port, state, offset]."""
+        out = subprocess.run(["redis-cli", "-p", str(node.port), "role"], capture_output=True, text=True,
+                             timeout=5).stdout
+        return out.split() or ["unknown"]
+
+    def role_of(self, node: RedisServer) -> str:
+        return self.role(node)[0]
+
+    def node_serving(self, slot: int) -> RedisServer:
+        """The master currently serving ``slot``."""
+        for node in self.nodes:
+            if node.process is None:
+                continue
+            out = subprocess.run(["redis-cli", "-p", str(node.port), "cluster", "nodes"], capture_output=True,
+                                 text=True, timeout=5).stdout
+            for line in out.splitlines():
+                fields = line.split()
+                if "master" not in fields[2] or "fail" in fields[2]:
+                    continue
+                for span in fields[8:]:
+                    low, _, high = span.partition("-")
+                    if low.isdigit() and int(low) <= slot <= int(high or low):
+                        port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+                        return next(n for n in self.nodes if n.port == port)
+            break  # one live node's view is enough
+        raise RuntimeError(f"no master serves slot {slot}")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop(kill=True)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """One Redis Cluster (3 masters, 3 replicas) for the whole run; tests use fresh key prefixes.
+    Tests that kill nodes make their own (``RedisClusterServers``)."""
+    if shutil.which("redis-cli") is None:
+        pytest.fail("redis-cli is not installed (it comes with redis-server; .ci/run installs it)")
+    cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
 def private_redis(tmp_path):
     """A redis-server of the test's own, for tests that stop, kill or reconfigure it."""
@@ -110,7 +207,7 @@ class StoreUnderTest:
     for Redis, whose TTLs the server enforces)."""
 
     def __init__(self, kind: str, redis_url: str | None = None):
-        self.kind = kind
+        self.kind = kind  # "memory", "redis" (one node) or "cluster"
         self.redis_url = redis_url
         self.clock = FakeClock()
         self.key_prefix = f"test-{uuid.uuid4().hex[:12]}"
@@ -124,7 +221,8 @@ class StoreUnderTest:
         from service.store.redis_store import RedisStore
 
         options.setdefault("instance_cache_bytes", 64 * 1024 * 1024)
-        store = RedisStore(self.redis_url, session_ttl=session_ttl, key_prefix=self.key_prefix, **options)
+        store = RedisStore(self.redis_url, session_ttl=session_ttl, key_prefix=self.key_prefix,
+                           cluster=self.kind == "cluster", **options)
         self.made.append(store)
         return store
 
@@ -144,11 +242,18 @@ def store_kind(request) -> str:
     return request.param
 
 
-@pytest.fixture
-def store_env(store_kind, request):
+# The store contract runs over every backend (as Optuna's STORAGE_MODES); the API suites run over
+# memory and one Redis node (store_kind), and tests/test_cluster.py runs the API on the cluster.
+STORAGE_MODES = ["memory", "redis", "cluster"]
+
+
+@pytest.fixture(params=STORAGE_MODES)
+def store_env(request):
     """A store maker of the parametrised kind (``store_env.make(session_ttl=...)``)."""
-    if store_kind == "redis":
+    if request.param == "redis":
         env = StoreUnderTest("redis", request.getfixturevalue("redis_server").url)
+    elif request.param == "cluster":
+        env = StoreUnderTest("cluster", request.getfixturevalue("redis_cluster").url)
     else:
         env = StoreUnderTest("memory")
     yield env

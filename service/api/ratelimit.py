@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from service.store import StoreFull
-from service.store.redis_store import connect, redis_errors
+from service.store.redis_client import LazyClient, connect, redis_errors
 
 log = logging.getLogger(__name__)
 
@@ -103,22 +103,25 @@ class MemoryLimiter:
 
 
 class RedisLimiter:
-    def __init__(self, rate: Rate, url: str, key_prefix: str, scope: str = "r"):
+    def __init__(self, rate: Rate, url: str, key_prefix: str, scope: str = "r", cluster: bool = False):
         self.rate = rate
         self.key_prefix = key_prefix
         self.scope = scope  # "r": tenants' request rates; "a": failed authentications by address
-        self._redis = connect(url)
-        self._script = self._redis.register_script(_GCRA)
+        # Its own client, configured as the store's (service/store/redis_client.py).
+        self._redis = LazyClient(lambda: connect(url, cluster=cluster))
 
     def key(self, tenant: str) -> str:
-        # Percent-encoded: an IPv6 address's colons (or a brace) cannot fake the key's structure.
+        # Percent-encoded: an IPv6 address's colons (or a brace) cannot fake the key's structure;
+        # the script's one key is in the tenant's (or address's) own slot of a cluster.
         return f"{self.key_prefix}:{{{self.scope}:{quote(tenant, safe='')}}}:rate"
 
     def wait_seconds(self, tenant: str, count: bool = True) -> float:
         try:
             with redis_errors():
-                waited = self._script(keys=[self.key(tenant)],
-                                      args=[self.rate.interval_us, self.rate.tolerance_us, "1" if count else "0"])
+                # EVAL with the text (cached by Redis under its hash): no NOSCRIPT after a failover.
+                waited = self._redis.get().execute_command(
+                    "EVAL", _GCRA, 1, self.key(tenant), self.rate.interval_us, self.rate.tolerance_us,
+                    "1" if count else "0")
         except StoreFull as error:
             log.warning("rate limit not applied: %s", error)
             return 0.0
@@ -126,11 +129,11 @@ class RedisLimiter:
 
 
 def create_limiter(rate_limit: str | None, burst: int | None, redis_url: str | None, key_prefix: str,
-                   scope: str = "r"):
+                   scope: str = "r", redis_cluster: bool = False):
     if not rate_limit:
         return None
     rate = parse_rate(rate_limit, burst)
-    return RedisLimiter(rate, redis_url, key_prefix, scope) if redis_url else MemoryLimiter(rate)
+    return RedisLimiter(rate, redis_url, key_prefix, scope, redis_cluster) if redis_url else MemoryLimiter(rate)
 
 
 def retry_after(seconds: float) -> str:

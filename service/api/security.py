@@ -37,9 +37,10 @@ def _protected() -> bool:
 def install(app: Flask, settings: Settings) -> None:
     keyring = auth.load_keyring(settings)
     limiter = create_limiter(settings.rate_limit, settings.rate_limit_burst, settings.redis_url,
-                             settings.key_prefix)
+                             settings.key_prefix, redis_cluster=settings.redis_cluster)
     failures = None if keyring is None else create_limiter(settings.auth_failure_limit, None, settings.redis_url,
-                                                           settings.key_prefix, scope="a")
+                                                           settings.key_prefix, scope="a",
+                                                           redis_cluster=settings.redis_cluster)
     app.extensions["edgecut.security"] = {"keyring": keyring, "limiter": limiter, "auth_failures": failures}
 
     if keyring is not None:

@@ -22,13 +22,18 @@ def create_store(
     key_prefix: str = "edgecut",
     instance_cache_bytes: int = 256 * 1024 * 1024,
     quotas: Quotas | None = None,
+    redis_cluster: bool = False,
+    redis_wait_replicas: int = 0,
+    redis_wait_timeout_ms: int = 250,
 ) -> SessionStore:
-    """The Redis store when ``redis_url`` is set, else the embedded in-memory store."""
+    """The Redis store when ``redis_url`` is set (a Redis Cluster when ``redis_cluster``), else
+    the embedded in-memory store."""
     if redis_url:
         from .redis_store import RedisStore
 
         return RedisStore(redis_url, session_ttl=session_ttl, key_prefix=key_prefix,
-                          instance_cache_bytes=instance_cache_bytes, quotas=quotas)
+                          instance_cache_bytes=instance_cache_bytes, quotas=quotas, cluster=redis_cluster,
+                          wait_replicas=redis_wait_replicas, wait_timeout_ms=redis_wait_timeout_ms)
     from .memory import MemoryStore
 
     return MemoryStore(session_ttl=session_ttl, quotas=quotas)

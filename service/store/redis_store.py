@@ -16,10 +16,10 @@ Consistency and lifetimes
 
 * Instances are written with MULTI/EXEC (HSETNX header, HSETNX body, PEXPIRE): all or nothing,
   and two workers posting the same content cannot both see it as new.
-* Every session write goes through ONE Lua script (``_CAS_SCRIPT``): compare the stored version,
+* Every session write goes through ONE Lua script (``_CAS_SCRIPT``, one key): compare the stored version,
   write version + record, and slide the TTL, atomically. ``create_session`` is the same script
   with expected version 0 ("must not exist"). Two workers can never both apply a step.
-* Sessions slide: reads (``get_session``: HGET + PEXPIRE pipelined, one round trip) and writes
+* Sessions slide: reads (``get_session``: one script, HGET + PEXPIRE, one round trip) and writes
   reset the TTL to ``session_ttl``. ``expires_at`` in returned records is now + ``session_ttl``.
 * Instances are stored once per (tenant, content hash) with a TTL of 2 × ``session_ttl``, reset
   by ``put_instance`` and whenever ``get_instance`` serves them. The API reads a session's
@@ -32,6 +32,16 @@ re-download and re-hash the matrix; a hit costs no Redis round trip, except the 
 existence re-check above. Decoding checks dtype, shape, byte ranges and the content hash
 (:mod:`.codec`): corrupt bytes raise :class:`~.codec.CorruptInstance`, never a wrong answer.
 Nothing read back is unpickled or evaluated.
+
+Redis Cluster (``cluster=True``, REDIS_CLUSTER): the same keys and commands through redis-py's
+cluster client (service/store/redis_client.py). Every script and transaction names one key, and
+every key one hash tag, so each operation touches one slot; redirects are the client's business.
+
+Durability: a write is acknowledged once the master has it; replication is asynchronous, so a
+master killed before its replica received the last writes loses them in a failover. With
+``wait_replicas`` (REDIS_WAIT_REPLICAS) each write is followed by WAIT on the same connection and
+acknowledged only when that many replicas hold it (else 503; the client's retry is a no-op).
+docs/scaling.md measures both.
 
 Failing fast: small commands use a pool with 0.5 s connect and read timeouts, a 5 s health-check
 interval and at most one immediate retry, on connection errors only (redis-py's default is ten
@@ -50,14 +60,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from urllib.parse import quote
 
 import orjson
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from service.engine import CompiledInstance
 
@@ -75,13 +82,12 @@ from .base import (
 )
 from .cache import InstanceCache
 from .memory import INSTANCE_TTL_FACTOR, _check_next_version
+from .redis_client import COMMAND_TIMEOUT, LazyClient, connect, is_unavailable, redis_errors
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT = 0.5
-COMMAND_TIMEOUT = 0.5
-HEALTH_CHECK_INTERVAL = 5
 DEFAULT_BULK_TIMEOUT = 10.0
+DEFAULT_WAIT_TIMEOUT_MS = 250
 
 # KEYS[1]: the session's state hash. ARGV: expected version ("0": the session must not exist),
 # new version, record JSON, TTL in ms. Returns 1 applied, 0 version mismatch, -1 no session.
@@ -136,42 +142,12 @@ if KEYS[2] ~= KEYS[1] then redis.call('HSET', KEYS[2], ARGV[1], ARGV[5]) end
 return {1}
 """
 
-# Replies meaning "not available right now" rather than "your command is wrong". redis-py parses
-# some into their own classes (and strips the prefix); the rest are plain ResponseErrors whose
-# message starts with the prefix, or carries it after a pipeline's "Command # n (...) caused
-# error: " annotation. An error raised inside a Lua script arrives the same way.
-_UNAVAILABLE_ERRORS = (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError,
-                       redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
-_UNAVAILABLE_REPLY = re.compile(r"(?:^|: )(?:LOADING|MASTERDOWN|READONLY|MISCONF|CLUSTERDOWN|TRYAGAIN|BUSY|NOREPLICAS)\b")
-_FULL_REPLY = re.compile(r"(?:^|: )OOM\b")
-
-
-def connect(url: str, socket_timeout: float = COMMAND_TIMEOUT) -> redis.Redis:
-    """The one Redis client configuration of the service (the store's two pools, the rate
-    limiter): fail fast, at most one immediate retry and only on a connection error."""
-    return redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=CONNECT_TIMEOUT,
-                                health_check_interval=HEALTH_CHECK_INTERVAL, socket_keepalive=True,
-                                retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)))
-
-
-@contextlib.contextmanager
-def redis_errors():
-    """The one mapping of Redis failures for the whole service: unreachable, timed out, loading,
-    busy with a script, read-only replica, … → :class:`StoreUnavailable` (503 + Retry-After);
-    out of memory → :class:`StoreFull` (507 + Retry-After). Any other error reply is a bug of
-    ours and propagates."""
-    try:
-        yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        # BusyLoadingError (LOADING) is a ConnectionError in redis-py.
-        raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
-    except redis.exceptions.ResponseError as exc:
-        reply = str(exc)
-        if isinstance(exc, redis.exceptions.OutOfMemoryError) or _FULL_REPLY.search(reply):
-            raise StoreFull(f"Redis is out of memory: {reply}") from exc
-        if isinstance(exc, _UNAVAILABLE_ERRORS) or _UNAVAILABLE_REPLY.search(reply):
-            raise StoreUnavailable(f"Redis cannot serve the request: {reply}") from exc
-        raise
+# KEYS[1]: the session's state hash. ARGV[1]: TTL in ms. The record, its TTL slid, or nil.
+_READ_SCRIPT = """
+local record = redis.call('HGET', KEYS[1], 'record')
+if record then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return record
+"""
 
 _RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost", "confidence", "seed",
                   "observations", "version", "created_at", "tenant", "max_expected_loss")
@@ -180,23 +156,30 @@ _RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost"
 class RedisStore(SessionStore):
     def __init__(self, url: str, *, session_ttl: int = 24 * 3600, key_prefix: str = "edgecut",
                  instance_cache_bytes: int = 256 * 1024 * 1024, bulk_timeout: float = DEFAULT_BULK_TIMEOUT,
-                 quotas: Quotas | None = None):
+                 quotas: Quotas | None = None, cluster: bool = False, wait_replicas: int = 0,
+                 wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS):
         if session_ttl <= 0:
             raise ValueError(f"session_ttl must be positive, got {session_ttl}")
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
             raise ValueError(f"key_prefix must be non-empty and free of braces, got {key_prefix!r}")
+        if wait_replicas < 0 or not 0 < wait_timeout_ms < COMMAND_TIMEOUT * 1000:
+            raise ValueError(f"wait_replicas must be ≥ 0 and wait_timeout_ms in (0, {COMMAND_TIMEOUT * 1000:.0f}) "
+                             f"(below the command timeout), got {wait_replicas}, {wait_timeout_ms}")
         self.session_ttl = session_ttl
         self.instance_ttl = INSTANCE_TTL_FACTOR * session_ttl
         self.key_prefix = key_prefix
+        self.cluster = cluster
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         self._session_ttl_ms = int(session_ttl * 1000)
         self._instance_ttl_ms = int(self.instance_ttl * 1000)
         # How long a cached instance is trusted to still exist in Redis; must stay ≤
         # instance_ttl − session_ttl for instances to outlive their sessions.
         self.recheck_interval = min(60.0, session_ttl / 4)
-        self._redis = connect(url)
-        self._bulk = connect(url, socket_timeout=bulk_timeout)
-        self._cas = self._redis.register_script(_CAS_SCRIPT)
-        self._admit = self._redis.register_script(_ADMIT_SCRIPT)
+        self._redis = LazyClient(lambda: connect(url, cluster=cluster))
+        # Bodies of up to hundreds of MB: 1 MiB socket reads, not 64 KiB (fewer syscalls and copies).
+        self._bulk = LazyClient(lambda: connect(url, cluster=cluster, socket_timeout=bulk_timeout,
+                                                read_size=1 << 20))
         self.quotas = quotas or Quotas()
         self.cache = InstanceCache(instance_cache_bytes)
         self.round_trips = 0  # network round trips this store made (tests and /metrics read it)
@@ -229,17 +212,14 @@ class RedisStore(SessionStore):
                 self._admit_instance(instance, tenant)
                 header, body = codec.encode(instance)
                 # MULTI/EXEC, not Lua: a script would copy a body of hundreds of MB into Lua
-                # strings (and EVALSHA's NOSCRIPT fallback would upload it twice). Existing keys
-                # always hold both fields, so the first HSETNX alone says whether this is new,
-                # and a reader never sees a header without its body.
-                pipe = self._bulk.pipeline(transaction=True)
-                pipe.hsetnx(key, "header", header)
-                pipe.hsetnx(key, "body", body)
-                pipe.pexpire(key, self._instance_ttl_ms)
-                self.round_trips += 1
+                # strings. Existing keys always hold both fields, so the first HSETNX alone says
+                # whether this is new, and a reader never sees a header without its body.
                 try:
-                    created = bool(pipe.execute()[0])
-                except redis.exceptions.RedisError:
+                    created = bool(self._write(key, [("HSETNX", key, "header", header),
+                                                     ("HSETNX", key, "body", body),
+                                                     ("PEXPIRE", key, self._instance_ttl_ms)],
+                                               bulk=True, atomic=True)[0])
+                except (redis.exceptions.RedisError, StoreUnavailable):
                     self._forget_instance(instance.content_hash, tenant)  # admitted, never stored
                     raise
         self.cache.put((tenant, instance.content_hash), instance, time.monotonic())
@@ -262,7 +242,7 @@ class RedisStore(SessionStore):
             self.cache.discard(cache_key)
             return None
         with self._guard():
-            pipe = self._bulk.pipeline(transaction=False)
+            pipe = self._bulk.get().pipeline(transaction=False)
             pipe.hmget(key, "header", "body")
             pipe.pexpire(key, self._instance_ttl_ms)
             self._slide_quota(pipe, "instances", instance_id, tenant, self._instance_ttl_ms)
@@ -277,7 +257,7 @@ class RedisStore(SessionStore):
             # instance reads as expired (410 for its sessions) and posting it again repairs it.
             log.error("dropping corrupt instance %s: %s", key, error)
             with self._guard():
-                self._redis.delete(key)
+                self._redis.get().delete(key)
             self._forget_instance(instance_id, tenant)
             return None
         self.cache.put(cache_key, instance, now)
@@ -295,18 +275,23 @@ class RedisStore(SessionStore):
         if self._compare_and_set(record, expected_version=0) != 1:
             if limit is not None:
                 with self._guard():
-                    self._redis.zrem(self.quota_key("sessions", record.tenant), record.session_id)
+                    self._redis.get().zrem(self.quota_key("sessions", record.tenant), record.session_id)
             raise VersionConflict(f"session {record.session_id!r} already exists")
 
     def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> SessionRecord | None:
         key = self.session_key(session_id, tenant)
         with self._guard():
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.hget(key, "record")
-            pipe.pexpire(key, self._session_ttl_ms)
-            self._slide_quota(pipe, "sessions", session_id, tenant, self._session_ttl_ms)
             self.round_trips += 1
-            raw = _essential(pipe, 2)[0]
+            read = ("EVAL", _READ_SCRIPT, 1, key, self._session_ttl_ms)
+            if not self._counted("sessions"):
+                # One command, not a pipeline of one: the cluster client would spend a second
+                # round trip on the pipeline.
+                raw = self._redis.get().execute_command(*read)
+            else:
+                pipe = self._redis.get().pipeline(transaction=False)
+                pipe.execute_command(*read)
+                self._slide_quota(pipe, "sessions", session_id, tenant, self._session_ttl_ms)
+                raw = _essential(pipe, 1)[0]
         if raw is None:
             return None
         record = _decode_record(raw, expires_at=time.time() + self.session_ttl)
@@ -325,31 +310,38 @@ class RedisStore(SessionStore):
             raise VersionConflict(f"session {record.session_id!r} is no longer at version {expected_version}")
 
     def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        key = self.session_key(session_id, tenant)
         with self._guard():
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.delete(self.session_key(session_id, tenant))
-            if self.quotas.sessions is not None:
-                pipe.zrem(self.quota_key("sessions", tenant), session_id)
-            self.round_trips += 1
-            return bool(pipe.execute()[0])
+            deleted = bool(self._write(key, [("DEL", key)])[0])
+            if self.quotas.sessions is not None:  # bookkeeping on the tenant's own slot
+                self._redis.get().zrem(self.quota_key("sessions", tenant), session_id)
+        return deleted
 
     def claim_idempotency_key(self, key: str, session_id: str, tenant: str = DEFAULT_TENANT) -> str | None:
+        redis_key = self.idempotency_key(key, tenant)
         with self._guard():
-            self.round_trips += 1
-            previous = self._redis.set(self.idempotency_key(key, tenant), session_id, nx=True,
-                                       ex=self.session_ttl, get=True)
+            previous = self._write(redis_key, [("SET", redis_key, session_id, "NX", "GET", "EX", self.session_ttl,
+                                                {"get": True})])[0]
         return None if previous is None else previous.decode()
 
     def idempotency_binding(self, key: str, tenant: str = DEFAULT_TENANT) -> str | None:
         with self._guard():
             self.round_trips += 1
-            bound = self._redis.get(self.idempotency_key(key, tenant))
+            bound = self._redis.get().get(self.idempotency_key(key, tenant))
         return None if bound is None else bound.decode()
 
     def ping(self) -> None:
         with self._guard():
             self.round_trips += 1
-            self._redis.ping()
+            client = self._redis.get()
+            if not self.cluster:
+                client.ping()
+                return
+            # Ready only when the cluster says it serves every slot and every master answers.
+            state = client.cluster_info().get("cluster_state")
+            if state != "ok":
+                raise StoreUnavailable(f"Redis Cluster state is {state!r}, not 'ok'")
+            client.ping(target_nodes=redis.RedisCluster.PRIMARIES)
 
     def close(self) -> None:
         """Drop pooled connections (tests; a worker just exits)."""
@@ -360,7 +352,9 @@ class RedisStore(SessionStore):
 
     def _refresh_instance(self, key: str, instance_id: str, tenant: str) -> bool:
         """Slide a stored instance's TTL (and its quota entry); False when it is not stored."""
-        pipe = self._redis.pipeline(transaction=False)
+        if not self._counted("instances"):
+            return bool(self._redis.get().pexpire(key, self._instance_ttl_ms))
+        pipe = self._redis.get().pipeline(transaction=False)
         pipe.pexpire(key, self._instance_ttl_ms)
         self._slide_quota(pipe, "instances", instance_id, tenant, self._instance_ttl_ms)
         return bool(_essential(pipe, 1)[0])
@@ -378,7 +372,7 @@ class RedisStore(SessionStore):
         if not self._counted("instances"):
             return
         with contextlib.suppress(redis.exceptions.RedisError):
-            pipe = self._redis.pipeline(transaction=False)
+            pipe = self._redis.get().pipeline(transaction=False)
             pipe.zrem(self.quota_key("instances", tenant), instance_id)
             pipe.hdel(self.quota_key("instance-bytes", tenant), instance_id)
             pipe.execute()
@@ -404,14 +398,64 @@ class RedisStore(SessionStore):
         keys = [self.quota_key(counted, tenant), self.quota_key(sized, tenant)]
         with self._guard():
             self.round_trips += 1
-            return [int(x) for x in self._admit(keys=keys, args=[member, now + ttl_ms, now, max_count, size, max_bytes])]
+            # EVAL with the text (cached by Redis under its hash): no NOSCRIPT after a failover.
+            reply = self._redis.get().execute_command("EVAL", _ADMIT_SCRIPT, 2, *keys, member, now + ttl_ms, now,
+                                                      max_count, size, max_bytes)
+            return [int(x) for x in reply]
 
     def _compare_and_set(self, record: SessionRecord, expected_version: int) -> int:
         key = self.session_key(record.session_id, record.tenant)
+        args = (str(expected_version), str(record.version), _encode_record(record), self._session_ttl_ms)
         with self._guard():
-            self.round_trips += 1
-            return int(self._cas(keys=[key], args=[str(expected_version), str(record.version),
-                                                   _encode_record(record), self._session_ttl_ms]))
+            # EVAL with the text, not EVALSHA: Redis caches the compiled script by its hash anyway,
+            # and a master just promoted or restarted then never answers NOSCRIPT mid-pipeline.
+            return int(self._write(key, [("EVAL", _CAS_SCRIPT, 1, key, *args)])[0])
+
+    def _write(self, key: str, commands: list[tuple], *, bulk: bool = False, atomic: bool = False) -> list:
+        """Run ``commands`` (all on ``key``'s slot; a trailing dict in one is redis-py's parsing
+        options for it) in one round trip, as one MULTI/EXEC when ``atomic``, and return their
+        replies.
+
+        With ``wait_replicas`` (REDIS_WAIT_REPLICAS), ``WAIT`` follows them, and fewer replicas
+        confirming within ``wait_timeout_ms`` is :class:`StoreUnavailable`: the write happened on
+        the master but was not acknowledged, and the client's retry is a no-op (creates and
+        observations are idempotent). WAIT counts the replicas holding *this connection's*
+        writes, so it must follow them on the same connection to the key's master: a plain
+        pipeline to that node (the cluster client names it), with MULTI/EXEC spelled out.
+        """
+        client = (self._bulk if bulk else self._redis).get()
+        self.round_trips += 1
+        if not self.wait_replicas:
+            if len(commands) == 1 and not atomic:
+                # A pipeline of one would cost the cluster client a second round trip.
+                args, options = _options(commands[0])
+                return [client.execute_command(*args, **options)]
+            pipe = client.pipeline(transaction=atomic)
+            for command in commands:
+                args, options = _options(command)
+                pipe.execute_command(*args, **options)
+            return pipe.execute()
+        node = client.get_redis_connection(client.get_node_from_key(key)) if self.cluster else client
+        pipe = node.pipeline(transaction=False)
+        for command in [("MULTI",)] * atomic + commands + [("EXEC",)] * atomic:
+            args, options = _options(command)
+            pipe.execute_command(*args, **options)
+        pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+        try:
+            replies = pipe.execute()
+        except redis.exceptions.RedisError as error:
+            if self.cluster and is_unavailable(error):
+                # This path bypasses the cluster client's redirect handling: have it re-read the
+                # slot map so the client's retry goes to the node that now owns the slot.
+                _refresh_slot_map(client)
+            raise
+        confirmed = int(replies[-1])
+        if confirmed < self.wait_replicas:
+            raise StoreUnavailable(f"{confirmed} of {self.wait_replicas} replicas confirmed the write within "
+                                   f"{self.wait_timeout_ms} ms (REDIS_WAIT_REPLICAS)")
+        if atomic:
+            return list(replies[-2])
+        return replies[:-1]
 
     def _guard(self):
         return redis_errors()
@@ -426,6 +470,19 @@ def _essential(pipe, count: int) -> list:
         if isinstance(reply, Exception):
             raise reply
     return replies[:count]
+
+
+def _options(command: tuple) -> tuple[tuple, dict]:
+    if command and isinstance(command[-1], dict):
+        return command[:-1], command[-1]
+    return command, {}
+
+
+def _refresh_slot_map(client: redis.RedisCluster) -> None:
+    try:
+        client.nodes_manager.initialize()
+    except Exception as error:  # the cluster may be unreachable as a whole; the 503 stands
+        log.warning("could not refresh the Redis Cluster slot map: %s", error)
 
 
 def _now_ms() -> int:
