@@ -26,8 +26,11 @@ def test_the_environment_is_read_and_a_dict_overrides_it(monkeypatch):
 
 @pytest.mark.parametrize("name, value", [("SESSION_TTL", "0"), ("SESSION_TTL", "tomorrow"), ("REDIS_URL", "http://x"),
                                          ("LOG_LEVEL", "loud"), ("KEY_PREFIX", "a{b}"), ("MAX_CELLS", "-1"),
-                                         ("MAX_BODY_BYTES", "10"), ("WEB_CONCURRENCY", "0"), ("NO_SUCH_SETTING", "1")])
-def test_bad_values_fail_naming_the_variable(name, value):
+                                         ("MAX_BODY_BYTES", "10"), ("WEB_CONCURRENCY", "0"), ("NO_SUCH_SETTING", "1"),
+                                         ("REDIS_CLUSTER", "true"), ("REDIS_WAIT_REPLICAS", "-1"),
+                                         ("REDIS_WAIT_TIMEOUT_MS", "600")])
+def test_bad_values_fail_naming_the_variable(name, value, monkeypatch):
+    monkeypatch.delenv("REDIS_URL", raising=False)  # REDIS_CLUSTER without a URL is the bad value
     with pytest.raises(ConfigurationError) as caught:
         load_settings({name: value})
     assert name in str(caught.value)
