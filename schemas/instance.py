@@ -4,7 +4,8 @@ Two equivalent shapes are accepted (see docs/instances.md):
 
 * per-hypothesis: ``hypotheses: [{id, class, prior, outcomes | likelihoods}]``;
 * columnar: ``matrix`` (n×N outcome indices) or ``likelihood_matrix`` (n×N×ℓ), ``classes``,
-  optional ``priors`` and ``hypothesis_ids``.
+  optional ``priors`` and ``hypothesis_ids``; each array as nested lists or in the compact
+  base64 form (schemas/arrays.py), checked whole with numpy.
 
 A *decision instance* names ``decisions`` instead of classes: each hypothesis says which decisions
 are acceptable for it (``acceptable``, or ``loss`` per decision within ``loss_tolerance`` of its
@@ -21,18 +22,24 @@ import itertools
 import math
 import sys
 from collections import Counter
-from typing import Annotated, Any
+from typing import Annotated, Any, Union
 
+import numpy as np
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    PrivateAttr,
     StrictFloat,
     StrictInt,
+    Tag,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
+
+from .arrays import ArrayProblems, EncodedArray, likelihood_problems, outcome_index_problems, to_array
 
 LABEL_MAX_LENGTH = 200
 LIKELIHOOD_TOLERANCE = 1e-6
@@ -68,6 +75,29 @@ Label = Annotated[
 Number = StrictFloat | StrictInt
 
 
+def _array_form(value: Any) -> str:
+    return "compact" if isinstance(value, dict | EncodedArray) else "lists"
+
+
+# Nested lists or the compact form; json_path drops the tag from error locations.
+ARRAY_FORMS = ("lists", "compact")
+
+
+def _array_field(lists: Any) -> Any:
+    return Annotated[Union[Annotated[lists, Tag("lists")], Annotated[EncodedArray, Tag("compact")]],
+                     Discriminator(_array_form)]
+
+
+class _DerivedArrays(dict):
+    """Arrays computed from a model's fields. Equal fields make equal arrays, so they never
+    decide model equality (pydantic compares private attributes; arrays cannot be ==-tested)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _DerivedArrays)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
@@ -98,8 +128,8 @@ class Instance(_Wire):
     tests: list[TestSpec] = Field(min_length=1)
     hypotheses: list[HypothesisSpec] | None = None
     # Columnar form.
-    matrix: list[list[StrictInt]] | None = None
-    likelihood_matrix: list[list[list[Number]]] | None = None
+    matrix: _array_field(list[list[StrictInt]]) | None = None
+    likelihood_matrix: _array_field(list[list[list[Number]]]) | None = None
     classes: list[Label] | None = None
     priors: list[Number] | None = None
     hypothesis_ids: list[Label] | None = None
@@ -111,6 +141,8 @@ class Instance(_Wire):
     loss_tolerance: Number | None = None
     acceptable_matrix: list[list[StrictInt]] | None = None
     loss_matrix: list[list[Number]] | None = None
+    # The columnar arrays as numpy, filled once by validation (see matrix_array()).
+    _arrays: _DerivedArrays = PrivateAttr(default_factory=_DerivedArrays)
 
     @model_validator(mode="after")
     def _check_rules(self) -> Instance:
@@ -134,7 +166,17 @@ class Instance(_Wire):
         if self.hypotheses is not None:
             return len(self.hypotheses)
         rows = self.matrix if self.matrix is not None else self.likelihood_matrix
+        if isinstance(rows, EncodedArray):
+            return rows.shape[0]
         return len(rows or [])
+
+    def matrix_array(self) -> np.ndarray | None:
+        """``matrix`` as an (n, N) integer array, whichever wire form it came in."""
+        return self._arrays.get("matrix")
+
+    def likelihood_array(self) -> np.ndarray | None:
+        """``likelihood_matrix`` as an (n, N, ℓ) float array, whichever wire form it came in."""
+        return self._arrays.get("likelihood_matrix")
 
 
 Loc = tuple[str | int, ...]
@@ -144,7 +186,9 @@ Problem = tuple[Loc, str]
 def json_path(loc: Loc) -> str:
     """``("hypotheses", 3, "outcomes", "ecg")`` → ``hypotheses[3].outcomes.ecg``."""
     path = ""
-    for part in loc:
+    for i, part in enumerate(loc):
+        if part in ARRAY_FORMS and i and loc[i - 1] in ("matrix", "likelihood_matrix"):
+            continue  # the union's tag, not a place in the body
         if isinstance(part, int):
             path += f"[{part}]"
         else:
@@ -309,31 +353,20 @@ def _check_columnar(inst: Instance) -> list[Problem]:
     if (inst.matrix is None) == (inst.likelihood_matrix is None):
         return [((), "give 'hypotheses', or exactly one of 'matrix' and 'likelihood_matrix'")]
     name = "matrix" if inst.matrix is not None else "likelihood_matrix"
-    rows = inst.matrix if inst.matrix is not None else inst.likelihood_matrix
-    assert rows is not None
-    n = len(rows)
-    if n == 0:
-        return [((name,), "at least one hypothesis (row) is required")]
-    sizes = [len(t.outcomes) if t.outcomes is not None else None for t in inst.tests]
-    for i, row in enumerate(rows):
-        if len(row) != n_tests:
-            problems.append(((name, i), f"row has {len(row)} entries, expected one per test ({n_tests})"))
-            continue
-        for j, cell in enumerate(row):
-            if inst.matrix is not None:
-                if cell < 0 or (sizes[j] is not None and cell >= sizes[j]):
-                    bound = f"0..{sizes[j] - 1}" if sizes[j] is not None else ">= 0"
-                    problems.append(((name, i, j), f"outcome index {cell} out of range {bound} for test '{inst.tests[j].id}'"))
-            else:
-                width = len(inst.likelihood_matrix[0][0]) if inst.likelihood_matrix[0] else 0
-                if len(cell) != width:
-                    problems.append(((name, i, j), f"has {len(cell)} outcome probabilities, expected {width}"))
-                    continue
-                if sizes[j] is not None and any(p != 0 for p in cell[sizes[j]:]):
-                    problems.append(((name, i, j), f"test '{inst.tests[j].id}' has only {sizes[j]} outcomes; the rest must be 0"))
-                problems += _check_likelihood_row(dict(enumerate(map(float, cell))), (name, i, j), None)  # type: ignore[arg-type]
-        if len(problems) > MAX_PROBLEMS:
-            break
+    try:
+        if inst.matrix is not None:
+            array = to_array(inst.matrix, name, 2, "int", n_tests)
+        else:
+            array = to_array(inst.likelihood_matrix, name, 3, "float", n_tests)
+    except ArrayProblems as error:
+        return error.problems
+    n = array.shape[0]
+    outcome_counts = np.array([len(t.outcomes) if t.outcomes is not None else -1 for t in inst.tests])
+    test_ids = [t.id for t in inst.tests]
+    if inst.matrix is not None:
+        problems += outcome_index_problems(array, outcome_counts, test_ids)
+    else:
+        problems += likelihood_problems(array, outcome_counts, test_ids, LIKELIHOOD_TOLERANCE)
     for field in ("classes", "priors", "hypothesis_ids"):
         values = getattr(inst, field)
         if values is not None and len(values) != n:
@@ -348,6 +381,8 @@ def _check_columnar(inst: Instance) -> list[Problem]:
             seen.setdefault(hid, i)
     if inst.priors is not None:
         problems += _check_prior_values([(("priors", i), p) for i, p in enumerate(inst.priors)], ("priors",))
+    if not problems:
+        inst._arrays[name] = array
     return problems
 
 

@@ -38,8 +38,11 @@ class Settings(BaseSettings):
         "is a 503, never a hung request"))
     session_ttl: int = Field(default=86_400, ge=1, le=365 * 86_400, description=(
         "seconds a session lives after its last read or write (instances: twice that after last use)"))
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description=(
-        "larger request bodies are 413 `body-too-large` before they are parsed"))
+    # 80 MiB: an instance at MAX_CELLS fits in the compact form (base64 of one byte per cell: 4/3 ×
+    # 50 M ≈ 67 MB, plus labels); docs/instances.md gives the size of each form.
+    max_body_bytes: int = Field(default=80 * 1024 * 1024, ge=1024, description=(
+        "larger request bodies (on the wire, and once gzip-inflated) are 413 `body-too-large` before they "
+        "are parsed; the default fits an instance at MAX_CELLS in the compact form (docs/instances.md)"))
     # Requests are buffered by the worker's event loop (service/worker.py), so a slow client holds
     # memory and a connection, never a thread.
     request_read_timeout: float = Field(default=30.0, gt=0, le=3600, description=(

@@ -2,14 +2,16 @@
 
 Responses: :func:`json_response` for every body the API writes (Flask's own ``jsonify`` is
 routed through the same encoder by :class:`OrjsonProvider`). Requests: :func:`parse_body`
-checks the media type, decodes strictly (orjson refuses NaN, Infinity and invalid UTF-8) and
-validates against the wire model, raising the errors service/api/problems.py maps to 415, 400
-and 422.
+checks the media type, inflates a ``Content-Encoding: gzip`` body (never past
+``MAX_BODY_BYTES``), decodes strictly (orjson refuses NaN, Infinity and invalid UTF-8) and
+validates against the wire model, raising the errors service/api/problems.py maps to 413, 415,
+400 and 422.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any, TypeVar
 
 import orjson
@@ -46,6 +48,10 @@ class UnreadableBody(ServiceError):
     """The server could not read the body as framed (a malformed chunk, a client gone quiet)."""
 
     code = "bad-request"
+
+
+class BodyTooLarge(ServiceError):
+    code = "body-too-large"
 
 
 class RequestValidationFailed(ServiceError):
@@ -103,7 +109,8 @@ def validation_errors(error: ValidationError) -> list[dict[str, str]]:
 
 
 def _read_body() -> bytes:
-    """The whole body; 413 past MAX_CONTENT_LENGTH whether or not it came with a length."""
+    """The whole body; 413 past MAX_CONTENT_LENGTH whether or not it came with a length; inflated
+    when it was sent with ``Content-Encoding: gzip``."""
     try:
         raw = request.get_data(cache=False)  # a Content-Length over the limit: 413 here, unread
         limit = request.max_content_length
@@ -115,7 +122,7 @@ def _read_body() -> bytes:
         raise
     except (OSError, *_SERVER_PARSE_ERRORS) as error:
         raise UnreadableBody(f"the request body could not be read: {error}") from None
-    return raw
+    return _inflated(raw)
 
 
 def parse_body(model: type[Model]) -> Model:
@@ -175,6 +182,29 @@ def refuse_duplicate_keys(raw: bytes, data: Any) -> None:
             stack.extend(((*loc, key), item) for key, item in reversed(value.items()))
         elif isinstance(value, list):
             stack.extend(((*loc, i), item) for i, item in reversed(list(enumerate(value))))
+GZIP_CODINGS = ("gzip", "x-gzip")
+
+
+def _inflated(raw: bytes) -> bytes:
+    """``raw`` inflated per its ``Content-Encoding`` (gzip or none). The inflated size is held to
+    MAX_BODY_BYTES *while* inflating, so a gzip bomb is refused after at most that many bytes of
+    output, never expanded in full."""
+    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    if coding in ("", "identity"):
+        return raw
+    if coding not in GZIP_CODINGS:
+        raise UnsupportedMediaType(f"Content-Encoding {coding!r} is not supported; send gzip or nothing")
+    limit = request.max_content_length
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing only
+    try:
+        body = inflater.decompress(raw, limit + 1)  # stops after limit + 1 bytes of output
+    except zlib.error as error:
+        raise UnreadableBody(f"the body is not valid gzip: {error}") from None
+    if len(body) > limit:
+        raise BodyTooLarge(f"the body inflates to more than the limit of {limit} bytes (MAX_BODY_BYTES)")
+    if not inflater.eof or inflater.unused_data:
+        raise UnreadableBody("the body is not one complete gzip stream")
+    return body
 
 
 class InvalidParameter(ServiceError):

@@ -35,8 +35,10 @@ from .context import services
 
 # A JSON string: quote, then runs of plain characters or escapes (unrolled: linear time).
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_OPEN = np.frombuffer(b"[{", dtype=np.uint8)
-_CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
+# +1 for an opening bracket, −1 for a closing one, 0 for every other byte.
+_BRACKET_STEP = np.zeros(256, dtype=np.int8)
+_BRACKET_STEP[list(b"[{")] = 1
+_BRACKET_STEP[list(b"]}")] = -1
 
 
 class LimitExceeded(ServiceError):
@@ -48,26 +50,29 @@ class LimitExceeded(ServiceError):
         self.limit = limit
 
 
+def _bracket_depth(raw: bytes) -> int:
+    """The deepest bracket nesting, brackets inside strings counted too: ≥ the JSON depth."""
+    steps = _BRACKET_STEP[np.frombuffer(raw, dtype=np.uint8)]
+    return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
+
+
 def json_depth(raw: bytes) -> int:
     """The nesting depth of valid JSON (``{}`` is 1, ``[[1]]`` is 2), brackets in strings aside."""
     if raw.count(b"[") + raw.count(b"{") == 0:
         return 0
-    codes = np.frombuffer(raw, dtype=np.uint8)
-    steps = np.isin(codes, _OPEN).astype(np.int32) - np.isin(codes, _CLOSE).astype(np.int32)
-    bound = int(np.cumsum(steps).max())
+    bound = _bracket_depth(raw)
     if bound <= 1 or (b'"' not in raw):
         return bound
-    # Brackets inside strings counted too: an upper bound. Exact only when it matters.
-    codes = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
-    steps = np.isin(codes, _OPEN).astype(np.int32) - np.isin(codes, _CLOSE).astype(np.int32)
-    return int(np.cumsum(steps).max())
+    return _bracket_depth(_JSON_STRING.sub(b'""', raw))
 
 
 def check_depth(raw: bytes) -> None:
-    """Called by parse_body on JSON that orjson accepted, before the wire model sees it."""
+    """Called by parse_body on JSON that orjson accepted, before the wire model sees it. Cheap
+    bounds first: the depth is at most the number of opening brackets (a few in a body whose
+    bulk is a compact array's base64), then at most the bracket nesting counting strings too."""
     limit = services().settings.max_json_depth
-    if len(raw) <= 2 * limit:
-        return  # too short to nest deeper
+    if len(raw) <= 2 * limit or raw.count(b"[") + raw.count(b"{") <= limit or _bracket_depth(raw) <= limit:
+        return
     depth = json_depth(raw)
     if depth > limit:
         raise LimitExceeded("MAX_JSON_DEPTH", limit, f"the body nests {depth} levels deep")
@@ -137,12 +142,13 @@ def _check_instance(inst: Instance, settings, path: str = "") -> None:
         for test_id, seen in unlisted.items():
             if len(seen) > most:
                 most, worst = len(seen), test_id
-    if unlisted and inst.matrix:
-        width = max((max(row) for row in inst.matrix if row), default=-1) + 1
+    matrix, likelihood = inst.matrix_array(), inst.likelihood_array()
+    if unlisted and matrix is not None and matrix.size:
+        width = int(matrix.max()) + 1
         if width > most:
             most, worst = width, "(a matrix column)"
-    if inst.likelihood_matrix and inst.likelihood_matrix[0]:
-        width = len(inst.likelihood_matrix[0][0])
+    if likelihood is not None and likelihood.size:
+        width = likelihood.shape[2]
         if width > most:
             most, worst = width, "(likelihood_matrix)"
     if most > settings.max_outcomes_per_test:

@@ -246,20 +246,23 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
         hypothesis_ids = tuple(instance.hypothesis_ids or (str(i) for i in range(n)))
         classes = list(instance.classes) if instance.classes is not None else []
         raw_prior = instance.priors
+        # The arrays validation built (either wire form), in their wire dtype: a uint8 matrix
+        # stays uint8, so a big instance is never widened to int64 on its way in.
         if instance.matrix is not None:
-            widest = max((max(row) for row in instance.matrix if row), default=0)
+            matrix = instance.matrix_array()
+            widest = int(matrix.max(initial=0))
             unlisted = sum(t.outcomes is None for t in instance.tests)
             if unlisted * (widest + 1) * LABEL_OVERHEAD_BYTES > max_bytes:
                 raise InstanceTooLarge(f"outcome index {widest} would make {widest + 1} outcome labels per "
                                        f"test; the limit is {max_bytes} bytes (MAX_COMPILED_BYTES)")
-            matrix = np.array(instance.matrix, dtype=smallest_uint_dtype(widest)).reshape(n, n_tests)
+            matrix = matrix.astype(smallest_uint_dtype(widest), copy=False)
             likelihood = None
             used = matrix.max(axis=0).astype(np.int64) + 1
         else:
             matrix = None
-            width = len(instance.likelihood_matrix[0][0]) if n_tests else 0
-            _check_size(n, n_tests, width, 8, max_cells, max_bytes, "the likelihood tensor")
-            likelihood = np.array(instance.likelihood_matrix, dtype=np.float64).reshape(n, n_tests, -1)
+            given = instance.likelihood_array()
+            _check_size(n, n_tests, given.shape[2], 8, max_cells, max_bytes, "the likelihood tensor")
+            likelihood = np.array(given, dtype=np.float64)  # a copy: it is normalised in place
             nonzero = likelihood.reshape(-1, likelihood.shape[2]).any(axis=0)
             used = np.full(n_tests, int(np.flatnonzero(nonzero).max()) + 1)
         outcome_labels = [
@@ -304,8 +307,6 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
         order = np.lexsort((pattern.reshape(-1), class_index))
     class_index, prior = class_index[order], prior[order]
     hypothesis_ids = tuple(hypothesis_ids[i] for i in order)
-    if matrix is not None:
-        matrix = matrix[order]
     if likelihood is not None:
         # One copy, straight into the outcome-major layout (mode="clip": the indices are valid,
         # and "raise" would buffer another copy).
@@ -315,6 +316,10 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
     if acceptable is not None:
         acceptable = np.ascontiguousarray(acceptable[order])
         loss = None if loss is None else np.ascontiguousarray(loss[order])
+    if matrix is not None and (order[1:] < order[:-1]).any():
+        # Rows already grouped by class (the usual case) are kept as they came: a compact uint8
+        # matrix then stays a view of its decoded bytes, never copied.
+        matrix = matrix[order]
     same_rows = None  # rows equal exactly when the hypotheses' likelihood rows are (noise only)
     if matrix is not None and instance.max_flips is None and error_rates.any():
         width = max(len(o) for o in outcome_labels)
