@@ -39,6 +39,7 @@ _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _BRACKET_STEP = np.zeros(256, dtype=np.int8)
 _BRACKET_STEP[list(b"[{")] = 1
 _BRACKET_STEP[list(b"]}")] = -1
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 class LimitExceeded(ServiceError):
@@ -52,7 +53,8 @@ class LimitExceeded(ServiceError):
 
 def _bracket_depth(raw: bytes) -> int:
     """The deepest bracket nesting, brackets inside strings counted too: ≥ the JSON depth."""
-    steps = _BRACKET_STEP[np.frombuffer(raw, dtype=np.uint8)]
+    brackets = raw.translate(None, _NOT_BRACKETS)  # one C pass; the rest works on brackets only
+    steps = _BRACKET_STEP[np.frombuffer(brackets, dtype=np.uint8)]
     return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
 
 

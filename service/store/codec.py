@@ -60,11 +60,11 @@ def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
         array = arrays[name]
         if array is None:
             continue
-        raw = np.ascontiguousarray(array).tobytes()
+        raw = memoryview(np.ascontiguousarray(array)).cast("B")  # copied once, by the join below
         descriptors.append({"name": name, "dtype": array.dtype.str, "shape": list(array.shape),
-                            "offset": offset, "nbytes": len(raw)})
+                            "offset": offset, "nbytes": raw.nbytes})
         chunks.append(raw)
-        offset += len(raw)
+        offset += raw.nbytes
     header = {
         "format": FORMAT,
         "content_hash": instance.content_hash,
@@ -166,7 +166,7 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         raise CorruptInstance("class_index points outside class_labels")
     if "outcomes" in arrays and arrays["outcomes"].size:
         arity = np.array([len(o) for o in outcome_labels])
-        if (arrays["outcomes"] >= arity[None, :]).any():
+        if (arrays["outcomes"].max(axis=0) >= arity).any():  # column maxima: no widened copy
             raise CorruptInstance("an outcome index points outside its test's outcome labels")
 
     acceptable = arrays.get("acceptable")

@@ -1,0 +1,146 @@
+"""Posting big instances: ``python3 -m bench.big_instances [--rounds 5] [--hypotheses 10000] [--tests 1000]``.
+
+Starts a fresh ``redis-server`` and the service under gunicorn (1 gthread worker) on loopback,
+then, round after round (each round a new random binary instance, so every POST is a 201):
+
+* **compact**: ``POST /v1/instances`` with ``matrix`` in the compact base64 form (uint8), against
+  the bare cost of what any service must do with those bytes: base64-decode them, sha256 them,
+  and one Redis ``SET`` of the decoded bytes (measured in the same round, same machine);
+* **lists**: the same size of instance with ``matrix`` as nested JSON lists, against the bare
+  ``orjson.loads`` + ``np.asarray`` of that body;
+* **first step, cold vs warm**: a fresh gunicorn worker's first ``POST /v1/sessions`` on a stored
+  instance (download from Redis, verify its hash, decode, one EC² step) against the same worker's
+  next session on it (a different seed, so the step is computed again, not served from a cache).
+
+Prints medians and the ratios the goals are stated in (compact ≤ 1.5×, lists ≤ 1.5×,
+cold ≤ 2× warm). 100 classes; all times wall-clock seconds on a loaded, shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import binascii
+import hashlib
+import http.client
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import RedisServer  # noqa: E402  (the test suite's launchers)
+from live_server import LiveServer  # noqa: E402
+
+from schemas.arrays import encode  # noqa: E402
+
+
+def instance(rng: np.random.Generator, n: int, n_tests: int, compact: bool) -> tuple[dict, np.ndarray]:
+    matrix = rng.integers(0, 2, size=(n, n_tests), dtype=np.uint8)
+    payload = {"tests": [{"id": f"t{j}", "outcomes": ["0", "1"]} for j in range(n_tests)],
+               "classes": [f"c{i % 100}" for i in range(n)],
+               "matrix": encode(matrix) if compact else matrix.tolist()}
+    return payload, matrix
+
+
+def post(port: int, path: str, body: bytes) -> tuple[float, int, dict]:
+    """One request on a connection opened beforehand (building a body can outlast keep-alive)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.connect()
+    started = time.perf_counter()
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    elapsed = time.perf_counter() - started
+    conn.close()
+    return elapsed, response.status, orjson.loads(data)
+
+
+def bare_compact(payload: dict, client: redis.Redis, key: str) -> float:
+    started = time.perf_counter()
+    raw = binascii.a2b_base64(payload["matrix"]["data"])  # the cheapest decode: no validation
+    hashlib.sha256(raw).hexdigest()
+    client.set(key, raw)
+    return time.perf_counter() - started
+
+
+def bare_lists(body: bytes) -> float:
+    started = time.perf_counter()
+    np.asarray(orjson.loads(body)["matrix"])
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--hypotheses", type=int, default=10_000)
+    parser.add_argument("--tests", type=int, default=1_000)
+    args = parser.parse_args()
+    rng = np.random.default_rng(2010)
+
+    workdir = Path(tempfile.mkdtemp(prefix="edgecut-bench-big-"))
+    redis_server = RedisServer(workdir)
+    redis_server.start()
+    env = {"REDIS_URL": redis_server.url, "KEY_PREFIX": "bench-big", "LOG_LEVEL": "WARNING"}
+    server = LiveServer(env, workers=1, threads=4, log=workdir / "gunicorn.log")
+    server.start()
+    direct = redis.Redis.from_url(redis_server.url)
+    times: dict[str, list[float]] = {name: [] for name in ("compact", "bare compact", "lists", "bare lists",
+                                                           "cold first step", "warm first step")}
+    stored: list[str] = []
+    try:
+        for round_no in range(args.rounds):
+            payload, _ = instance(rng, args.hypotheses, args.tests, compact=True)
+            body = orjson.dumps(payload)
+            elapsed, status, answer = post(server.port, "/v1/instances", body)
+            assert status == 201, (status, answer)
+            stored.append(answer["instance_id"])
+            times["compact"].append(elapsed)
+            times["bare compact"].append(bare_compact(payload, direct, f"bench-big:bare:{round_no}"))
+
+            payload, _ = instance(rng, args.hypotheses, args.tests, compact=False)
+            body = orjson.dumps(payload)
+            elapsed, status, answer = post(server.port, "/v1/instances", body)
+            assert status == 201, (status, answer)
+            times["lists"].append(elapsed)
+            times["bare lists"].append(bare_lists(body))
+            print(f"round {round_no + 1}: compact {times['compact'][-1]:.3f} s (bare {times['bare compact'][-1]:.3f}),"
+                  f" lists {times['lists'][-1]:.3f} s (bare {times['bare lists'][-1]:.3f})", flush=True)
+        server.stop()
+
+        for round_no in range(args.rounds):
+            fresh = LiveServer(env, workers=1, threads=4, log=workdir / "gunicorn.log")
+            fresh.start()
+            try:
+                request = {"instance_id": stored[round_no % len(stored)]}
+                for name, seed in (("cold first step", round_no), ("warm first step", 1000 + round_no)):
+                    elapsed, status, answer = post(fresh.port, "/v1/sessions", orjson.dumps({**request, "seed": seed}))
+                    assert status == 201, (status, answer)
+                    times[name].append(elapsed)
+            finally:
+                fresh.stop()
+            print(f"round {round_no + 1}: cold {times['cold first step'][-1]:.3f} s, "
+                  f"warm {times['warm first step'][-1]:.3f} s", flush=True)
+    finally:
+        direct.close()
+        server.stop()
+        redis_server.stop()
+
+    median = {name: statistics.median(values) for name, values in times.items()}
+    print(f"\n{args.hypotheses} × {args.tests} binary, medians of {args.rounds} rounds (seconds):")
+    for name, value in median.items():
+        print(f"  {name:<16} {value:.3f}")
+    print(f"  compact / bare   {median['compact'] / median['bare compact']:.2f}×  (goal ≤ 1.5×)")
+    print(f"  lists / bare     {median['lists'] / median['bare lists']:.2f}×  (goal ≤ 1.5×)")
+    print(f"  cold / warm      {median['cold first step'] / median['warm first step']:.2f}×  (goal ≤ 2×)")
+
+
+if __name__ == "__main__":
+    main()
