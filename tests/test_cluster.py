@@ -17,7 +17,7 @@ import requests
 from redis._parsers.base import BaseParser
 
 from api_support import TRIAGE, assert_problem
-from conftest import RedisClusterServers, RedisServer
+from conftest import RedisClusterServers, RedisServer, free_port
 from live_server import LiveServer
 from service.app import create_app
 from service.store import StoreUnavailable
@@ -179,7 +179,8 @@ def test_a_busy_redis_answers_503(tmp_path):
 
 def test_readyz_is_not_ready_while_the_cluster_state_is_not_ok(tmp_path):
     # A cluster-enabled node that owns no slots: cluster_state:fail.
-    lonely = RedisServer(tmp_path, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+    lonely = RedisServer(tmp_path, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                         "--cluster-port", str(free_port()))  # not port + 10000: that may exceed 65535
     lonely.start()
     try:
         app = create_app({"redis_url": lonely.url, "redis_cluster": True, "key_prefix": "lonely"})

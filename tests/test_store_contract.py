@@ -320,12 +320,26 @@ CORRUPTIONS = {
 }
 
 
+def _without_checksum(header: bytes) -> bytes:
+    return _tampered_header(header, lambda f: f.pop("checksum"))
+
+
+@pytest.mark.parametrize("checksummed", [True, False], ids=["checksum", "legacy-header-rehashed"])
 @pytest.mark.parametrize("corruption", CORRUPTIONS)
-def test_codec_refuses_corrupt_bytes(corruption):
+def test_codec_refuses_corrupt_bytes(corruption, checksummed):
     inst = compiled()
-    header, body = CORRUPTIONS[corruption](*codec.encode(inst))
+    header, body = codec.encode(inst)
+    if not checksummed:  # as written before headers carried a checksum: the hash is recomputed
+        header = _without_checksum(header)
+    header, body = CORRUPTIONS[corruption](header, body)
     with pytest.raises(codec.CorruptInstance):
         codec.decode(header, body, expected_hash=inst.content_hash)
+
+
+def test_codec_decodes_a_header_written_without_a_checksum():
+    inst = compiled(NOISY)
+    header, body = codec.encode(inst)
+    assert_same_instance(codec.decode(_without_checksum(header), body, expected_hash=inst.content_hash), inst)
 
 
 # --- Worker cache ------------------------------------------------------------------------------
