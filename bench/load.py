@@ -3,6 +3,13 @@
     python3 bench/load.py                      # the paced run in docs/reliability.md
     python3 bench/load.py --think-ms 0         # closed loop, no pause: the saturation point
     python3 bench/load.py --duration 10        # a quick look
+    python3 bench/load.py --cluster --nodes 2  # two server processes on a local Redis Cluster
+
+With ``--nodes N`` there are N gunicorn processes (standing for N hosts behind a load balancer)
+sharing nothing but Redis; each user sends its requests to the nodes in turn, as a round-robin
+balancer would, so every session is served by every node. ``--cluster`` replaces the single
+redis-server with a local Redis Cluster of 3 masters and 3 replicas (tests/conftest.py's
+launcher; no persistence) and sets ``REDIS_CLUSTER=true``.
 
 Each virtual user plays a triage front end: create a session (with an Idempotency-Key) on a
 small instance (n = 200 hypotheses, N = 50 tests, 10 classes), answer each ``next_test`` with the
@@ -39,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from conftest import RedisServer  # noqa: E402  (the test suite's redis-server launcher)
+from conftest import RedisClusterServers, RedisServer  # noqa: E402  (the test suite's launchers)
 from live_server import LiveServer  # noqa: E402
 
 N_HYPOTHESES, N_TESTS, N_CLASSES = 200, 50, 10
@@ -80,14 +87,18 @@ class Client:
             return None, b""
 
 
-def user(port: int, instance_id: str, matrix: list[list[int]], deadline: float, think: float, seed: int,
+def user(ports: list[int], instance_id: str, matrix: list[list[int]], deadline: float, think: float, seed: int,
          out: list) -> None:
-    """One virtual user; appends (kind, status, seconds) per request to ``out``."""
+    """One virtual user; appends (kind, status, seconds) per request to ``out``. Its requests go
+    to the nodes (``ports``) in turn, one keep-alive connection each."""
     rng = random.Random(seed)
-    client = Client(port)
+    clients = [Client(port) for port in ports]
+    sent = [seed]
     expected = {"create": 201, "observe": 200, "delete": 204}
 
     def timed(kind: str, method: str, path: str, body=None, headers=None):
+        client = clients[sent[0] % len(clients)]
+        sent[0] += 1
         started = time.perf_counter()
         status, data = client.call(method, path, body, headers)
         out.append((kind, status, time.perf_counter() - started, status == expected[kind]))
@@ -116,11 +127,11 @@ def user(port: int, instance_id: str, matrix: list[list[int]], deadline: float, 
         timed("delete", "DELETE", f"/v1/sessions/{sid}")
 
 
-def client_process(port, instance_id, matrix, deadline, think, users, first_seed, queue) -> None:
+def client_process(ports, instance_id, matrix, deadline, think, users, first_seed, queue) -> None:
     import threading
 
     results: list = []
-    threads = [threading.Thread(target=user, args=(port, instance_id, matrix, deadline, think, first_seed + i,
+    threads = [threading.Thread(target=user, args=(ports, instance_id, matrix, deadline, think, first_seed + i,
                                                    results)) for i in range(users)]
     for thread in threads:
         thread.start()
@@ -133,13 +144,29 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1000 if values else float("nan")
 
 
-def measure_memory(port: int, redis_url: str, key_prefix: str, instance_id: str, matrix, count: int) -> dict:
+def measure_memory(port: int, redis_url: str, key_prefix: str, instance_id: str, matrix, count: int,
+                   cluster: bool = False) -> dict:
+    """Redis bytes per session: the growth of ``used_memory`` summed over the masters, and
+    ``MEMORY USAGE`` of sampled keys (found on every master of a cluster)."""
     import redis
 
-    r = redis.Redis.from_url(redis_url)
+    if cluster:
+        probe = redis.RedisCluster.from_url(redis_url)
+        masters = [redis.Redis(host=node.host, port=node.port) for node in probe.get_primaries()]
+        probe.close()
+    else:
+        masters = [redis.Redis.from_url(redis_url)]
+
+    def used_memory() -> int:
+        return sum(int(m.info("memory")["used_memory"]) for m in masters)
+
+    def keys(pattern: str, limit: int) -> list[tuple]:
+        return [(m, k) for m in masters for k in m.scan_iter(match=pattern, count=1000)][:limit]
+
     client = Client(port)
-    r.execute_command("MEMORY", "PURGE")
-    before = int(r.info("memory")["used_memory"])
+    for m in masters:
+        m.execute_command("MEMORY", "PURGE")
+    before = used_memory()
     rng = random.Random(1)
     for _ in range(count):
         status, data = client.call("POST", "/v1/sessions", {"instance_id": instance_id})
@@ -153,15 +180,16 @@ def measure_memory(port: int, redis_url: str, key_prefix: str, instance_id: str,
             status, data = client.call("POST", f"/v1/sessions/{state['session_id']}/observations",
                                        {"test": test, "outcome": outcome})
             state = json.loads(data)
-    after = int(r.info("memory")["used_memory"])
-    keys = [k for k in r.scan_iter(match=f"{key_prefix}:{{s:*", count=1000)][:200]
-    usage = [int(r.memory_usage(k, samples=0)) for k in keys]
-    instance_keys = list(r.scan_iter(match=f"{key_prefix}:{{i:*", count=100))
+    after = used_memory()
+    usage = [int(m.memory_usage(k, samples=0)) for m, k in keys(f"{key_prefix}:{{s:*", 200)]
+    instance_keys = keys(f"{key_prefix}:{{i:*", 1)
     result = {"sessions_added": count, "used_memory_delta_per_session_bytes": (after - before) / count,
               "memory_usage_per_session_key_bytes": statistics.mean(usage) if usage else None,
-              "instance_bytes": int(r.memory_usage(instance_keys[0], samples=0)) if instance_keys else None,
+              "instance_bytes": int(instance_keys[0][0].memory_usage(instance_keys[0][1], samples=0))
+              if instance_keys else None,
               "used_memory_bytes": after}
-    r.close()
+    for m in masters:
+        m.close()
     return result
 
 
@@ -176,26 +204,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--procs", type=int, default=2, help="client processes (default 2)")
     parser.add_argument("--memory-sessions", type=int, default=1000, help="sessions for the memory figure")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--nodes", type=int, default=1, help="server processes sharing Redis (default 1)")
+    parser.add_argument("--cluster", action="store_true", help="a local Redis Cluster (3 masters + 3 replicas)")
     args = parser.parse_args(argv)
-    if not (1 <= args.sessions <= 512 and 0 < args.duration <= 600):
-        parser.error("bounded runs only: 1..512 sessions, at most 600 s")
+    if not (1 <= args.sessions <= 512 and 0 < args.duration <= 600 and 1 <= args.nodes <= 8):
+        parser.error("bounded runs only: 1..512 sessions, at most 600 s, 1..8 nodes")
 
     workdir = Path(tempfile.mkdtemp(prefix="edgecut-load-"))
-    redis_server = RedisServer(workdir, "--appendonly", "yes", "--appendfsync", "everysec")  # as docker-compose
+    if args.cluster:
+        redis_server = RedisClusterServers(workdir / "cluster")
+    else:
+        redis_server = RedisServer(workdir, "--appendonly", "yes", "--appendfsync", "everysec")  # as docker-compose
     redis_server.start()
     key_prefix = "load"
-    server = LiveServer({"REDIS_URL": redis_server.url, "KEY_PREFIX": key_prefix, "LOG_LEVEL": "WARNING"},
-                        workers=args.workers, threads=args.threads, log=workdir / "gunicorn.log")
+    env = {"REDIS_URL": redis_server.url, "KEY_PREFIX": key_prefix, "LOG_LEVEL": "WARNING",
+           "REDIS_CLUSTER": "true" if args.cluster else "false"}
+    servers = [LiveServer(env, workers=args.workers, threads=args.threads, log=workdir / f"gunicorn-{i}.log")
+               for i in range(args.nodes)]
     try:
-        server.start()
+        for server in servers:
+            server.start()
+        ports = [server.port for server in servers]
         instance = small_instance()
-        setup = Client(server.port)
+        setup = Client(ports[0])
         status, data = setup.call("POST", "/v1/instances", instance)
         assert status in (200, 201), data
         instance_id = json.loads(data)["instance_id"]
         # Warm every worker's instance cache and step cache a little before timing.
-        for _ in range(4 * args.workers):
-            setup.call("POST", "/v1/sessions", {"instance_id": instance_id})
+        for port in ports:
+            for _ in range(4 * args.workers):
+                Client(port).call("POST", "/v1/sessions", {"instance_id": instance_id})
 
         think = args.think_ms / 1000
         deadline = time.monotonic() + args.duration
@@ -204,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                     for i in range(args.procs)]
         started = time.perf_counter()
         procs = [multiprocessing.Process(target=client_process, args=(
-            server.port, instance_id, instance["matrix"], deadline, think, n, 1000 * i, queue))
+            ports, instance_id, instance["matrix"], deadline, think, n, 1000 * i, queue))
             for i, n in enumerate(per_proc)]
         for proc in procs:
             proc.start()
@@ -217,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         errors = [(kind, status) for kind, status, _, good in results if not good]
         figures = {
             "duration_s": round(elapsed, 1), "sessions": args.sessions, "think_ms": args.think_ms,
+            "nodes": args.nodes, "redis": "cluster (3 masters + 3 replicas)" if args.cluster else "one node (AOF)",
             "workers": args.workers, "threads": args.threads, "requests": len(results), "errors": len(errors),
             "error_rate": len(errors) / max(1, len(results)),
             "throughput_rps": len(results) / elapsed,
@@ -228,14 +267,16 @@ def main(argv: list[str] | None = None) -> int:
                         for v in [[s for k, _, s, good in results if k == kind and good]]},
             "error_samples": errors[:10],
         }
-        figures["redis_memory"] = measure_memory(server.port, redis_server.url, key_prefix, instance_id,
-                                                 instance["matrix"], args.memory_sessions)
+        figures["redis_memory"] = measure_memory(ports[0], redis_server.url, key_prefix, instance_id,
+                                                 instance["matrix"], args.memory_sessions, cluster=args.cluster)
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
         redis_server.stop()
 
     print(f"load: {figures['sessions']} sessions, think {figures['think_ms']:.0f} ms, {figures['duration_s']} s, "
-          f"gunicorn {figures['workers']}×{figures['threads']} gthread + redis-server (AOF)")
+          f"{figures['nodes']} node(s) of gunicorn {figures['workers']}×{figures['threads']} gthread, "
+          f"Redis: {figures['redis']}")
     print(f"  requests {figures['requests']}, errors {figures['errors']} ({figures['error_rate']:.2%}), "
           f"throughput {figures['throughput_rps']:.0f} req/s, sessions completed {figures['sessions_completed']}")
     print(f"  latency p50 {figures['p50_ms']:.1f} ms, p90 {figures['p90_ms']:.1f} ms, "
