@@ -260,9 +260,14 @@ def test_killing_a_master_under_load_fails_over_without_restarting_the_service(t
         cluster.start()
         env = {"REDIS_URL": cluster.url, "REDIS_CLUSTER": "true", "KEY_PREFIX": "failover",
                "REDIS_WAIT_REPLICAS": str(wait_replicas)}
+        # Two "nodes" of the service, sharing only the cluster; started side by side.
         servers = [LiveServer(env, workers=1, threads=4, log=tmp_path / f"node-{i}.log") for i in range(2)]
-        for server in servers:  # two "nodes" of the service, sharing only the cluster
-            server.start()
+        starting = [threading.Thread(target=server.start) for server in servers]
+        for thread in starting:
+            thread.start()
+        for thread in starting:
+            thread.join()
+        assert all(server.process is not None and server.process.poll() is None for server in servers)
         urls = [server.url for server in servers]
         instance_id = requests.post(urls[0] + "/v1/instances", json=long_ladder(), timeout=30).json()["instance_id"]
         sids = [requests.post(urls[i % 2] + "/v1/sessions", json={"instance_id": instance_id}, timeout=10)
