@@ -69,11 +69,11 @@ def json_depth(raw: bytes) -> int:
 
 
 def check_depth(raw: bytes) -> None:
-    """Called by parse_body on JSON that orjson accepted, before the wire model sees it. Cheap
-    bounds first: the depth is at most the number of opening brackets (a few in a body whose
-    bulk is a compact array's base64), then at most the bracket nesting counting strings too."""
+    """Called by parse_body on JSON that orjson accepted, before the wire model sees it. A cheap
+    bound first (one pass: the bracket nesting, brackets inside strings counted too); the exact
+    depth only when that bound is over the limit."""
     limit = services().settings.max_json_depth
-    if len(raw) <= 2 * limit or raw.count(b"[") + raw.count(b"{") <= limit or _bracket_depth(raw) <= limit:
+    if len(raw) <= 2 * limit or _bracket_depth(raw) <= limit:
         return
     depth = json_depth(raw)
     if depth > limit:
