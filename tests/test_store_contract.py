@@ -297,6 +297,26 @@ def test_codec_encodes_a_large_outcome_dtype_little_endian():
     assert_same_instance(codec.decode(header, body), wide)
 
 
+def test_codec_stores_binary_outcomes_one_bit_per_cell():
+    rng = np.random.default_rng(3)
+    n, n_tests = 37, 13  # rows of 13 bits: two bytes each, the last 3 bits padding
+    cells = rng.integers(0, 2, size=(n, n_tests))
+    inst = compiled({"tests": [{"id": f"t{j}", "outcomes": ["no", "yes"]} for j in range(n_tests)],
+                     "matrix": cells.tolist(), "classes": [f"c{i % 4}" for i in range(n)]})
+    header, body = codec.encode(inst)
+    (outcomes,) = [d for d in orjson.loads(header)["arrays"] if d["name"] == "outcomes"]
+    assert outcomes["dtype"] == "bits" and outcomes["shape"] == [n, n_tests] and outcomes["nbytes"] == n * 2
+    # By hand: each row's bits, first test in the highest bit of its first byte, zero padding.
+    expected = bytearray()
+    for row in inst.outcomes.tolist():
+        bits = row + [0] * (16 - n_tests)
+        expected += bytes(sum(bit << (7 - k) for k, bit in enumerate(bits[i:i + 8])) for i in (0, 8))
+    assert body[outcomes["offset"]:] == bytes(expected)
+    decoded = codec.decode(header, body, expected_hash=inst.content_hash)
+    assert_same_instance(decoded, inst)
+    assert decoded.outcomes.dtype == np.uint8
+
+
 def _tampered_header(header: bytes, edit) -> bytes:
     fields = orjson.loads(header)
     edit(fields)
