@@ -21,7 +21,7 @@ from conftest import RedisClusterServers, RedisServer, free_port
 from live_server import LiveServer
 from service.app import create_app
 from service.store import StoreUnavailable
-from service.store.redis_client import is_unavailable
+from service.store.redis_client import is_full, is_unavailable
 from service.store.redis_store import RedisStore
 from tests.test_faults import ladder
 
@@ -103,13 +103,13 @@ def test_wait_replicas_without_replicas_is_503_not_an_acknowledgement(redis_serv
     assert int(response.headers["Retry-After"]) >= 1
 
 
-# --- Redis's "not now" answers are 503, never 500 ---------------------------------------------
+# --- Redis's "not now" answers are 503, never 500 (one mapping: service/store/redis_client.py) ---
 
 # Replies as the server sends them, parsed by redis-py's own parser into its exception classes.
 UNAVAILABLE = ["MOVED 3999 127.0.0.1:6381", "ASK 3999 127.0.0.1:6381", "CLUSTERDOWN The cluster is down",
                "TRYAGAIN Multiple keys request during rehashing of slot",
                "READONLY You can't write against a read only replica.",
-               "OOM command not allowed when used memory > 'maxmemory'.", "LOADING Redis is loading the dataset",
+               "LOADING Redis is loading the dataset",
                "BUSY Redis is busy running a script.", "MASTERDOWN Link with MASTER is down",
                "MISCONF Errors writing to the AOF file", "NOREPLICAS Not enough good replicas to write."]
 BUGS = ["ERR unknown command 'FOO'", "WRONGTYPE Operation against a key holding the wrong kind of value",
@@ -123,7 +123,14 @@ def test_redis_replies_meaning_not_now_are_unavailable(reply):
 
 @pytest.mark.parametrize("reply", BUGS)
 def test_redis_replies_meaning_a_bug_are_not_hidden_as_unavailable(reply):
-    assert not is_unavailable(BaseParser.parse_error(reply))
+    error = BaseParser.parse_error(reply)
+    assert not is_unavailable(error) and not is_full(error)
+
+
+def test_out_of_memory_is_full_not_unavailable():
+    # 507 store-full (tests/test_hardening_api.py drives a real full Redis).
+    error = BaseParser.parse_error("OOM command not allowed when used memory > 'maxmemory'.")
+    assert is_full(error) and not is_unavailable(error)
 
 
 def test_a_read_only_replica_answers_503(tmp_path):
@@ -135,24 +142,6 @@ def test_a_read_only_replica_answers_503(tmp_path):
         response = client.post("/v1/sessions", json={"instance": TRIAGE})
         assert_problem(response, 503, "store-unavailable")
         assert int(response.headers["Retry-After"]) >= 1
-    finally:
-        server.stop()
-
-
-def test_a_full_redis_answers_503(tmp_path):
-    server = RedisServer(tmp_path, "--maxmemory", "1mb", "--maxmemory-policy", "noeviction")
-    server.start()
-    try:
-        filler = redis.Redis.from_url(server.url)
-        for i in range(64):  # fill past maxmemory (writes are refused once it is reached)
-            try:
-                filler.set(f"ballast-{i}", b"x" * 64_000)
-            except redis.exceptions.OutOfMemoryError:
-                break
-        filler.close()
-        client = create_app({"redis_url": server.url, "key_prefix": "oom"}).test_client()
-        response = client.post("/v1/instances", json=ladder(30))
-        assert_problem(response, 503, "store-unavailable")
     finally:
         server.stop()
 
