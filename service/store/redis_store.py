@@ -6,6 +6,7 @@ percent-encoded, so none of them can contain ``{``, ``}`` or ``:``)::
     P:{i:<tenant>:<content hash>}:instance  hash  header → JSON (codec.encode), body → raw arrays
     P:{s:<tenant>:<session id>}:state       hash  version → "<n>", record → JSON SessionRecord
     P:{k:<tenant>:<idempotency key>}:idem   string  the session id the key is bound to
+    P:{q:<tenant>}:<counted>:quota          zset / hash  the tenant's quota counters (one slot per tenant)
 
 The ``{…}`` part is the Redis Cluster hash tag: every key belonging to one session (the state
 today; anything later added for it must reuse ``{s:<tenant>:<sid>}``) lands in one slot, so the
