@@ -15,6 +15,8 @@ from .instance import Instance, Label
 InstanceId = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the compiled content")]
 MAX_OBSERVATIONS_PER_REQUEST = 10_000
 MAX_SEED = 2**63 - 1
+MAX_BATCH_SIZE = 32
+MAX_EXCLUDED_TESTS = 100_000
 
 
 class _Request(BaseModel):
@@ -28,13 +30,29 @@ class _Response(BaseModel):
 # --- requests -------------------------------------------------------------------------------
 
 
+def _answer_or_skip(outcome: str | None, skip: bool | None) -> None:
+    if skip is False:
+        raise ValueError("'skip' can only be true; to record an answer give 'outcome' instead")
+    if (outcome is None) == (skip is None):
+        raise ValueError("give exactly one of 'outcome' and 'skip': true")
+
+
 class ObservationIn(_Request):
+    """An answer ``{test, outcome}`` or a skip ``{test, skip: true}`` (no answer was given)."""
+
     test: Label
-    outcome: Label
+    outcome: Label | None = None
+    skip: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _answer_or_skip(self) -> ObservationIn:
+        _answer_or_skip(self.outcome, self.skip)
+        return self
 
 
 class ObservationsRequest(_Request):
-    """One observation ``{test, outcome}`` or several ``{observations: [...]}`` (all or nothing)."""
+    """One observation ``{test, outcome}`` / ``{test, skip: true}``, or several
+    ``{observations: [...]}`` (all or nothing)."""
 
     # The two forms, for OpenAPI's generators (the validator below enforces the same).
     # A field given as null counts as absent, as in the validator.
@@ -48,22 +66,26 @@ class ObservationsRequest(_Request):
 
     test: Label | None = None
     outcome: Label | None = None
+    skip: StrictBool | None = None
     observations: list[ObservationIn] | None = Field(
         default=None, min_length=1, max_length=MAX_OBSERVATIONS_PER_REQUEST
     )
 
     @model_validator(mode="after")
     def _one_form(self) -> ObservationsRequest:
-        single = self.test is not None or self.outcome is not None
+        single = self.test is not None or self.outcome is not None or self.skip is not None
         if single and self.observations is not None:
             raise ValueError("give either {test, outcome} or {observations: [...]}, not both")
         if not single and self.observations is None:
             raise ValueError("give {test, outcome} or {observations: [...]}")
-        if single and (self.test is None or self.outcome is None):
-            raise ValueError("an observation needs both 'test' and 'outcome'")
+        if single and self.test is None:
+            raise ValueError("an observation needs a 'test'")
+        if single:
+            _answer_or_skip(self.outcome, self.skip)
         return self
 
-    def labelled(self) -> list[tuple[str, str]]:
+    def labelled(self) -> list[tuple[str, str | None]]:
+        """(test, outcome) pairs in order; the outcome of a skip is None."""
         if self.observations is not None:
             return [(o.test, o.outcome) for o in self.observations]
         return [(self.test, self.outcome)]  # type: ignore[list-item]
@@ -80,6 +102,18 @@ MaxExpectedLoss = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]  
 MAX_EVALUATED_POLICIES = 10
 
 
+class ObservationCorrection(_Request):
+    """What a recorded observation becomes: another outcome, or a skip."""
+
+    outcome: Label | None = None
+    skip: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _answer_or_skip(self) -> ObservationCorrection:
+        _answer_or_skip(self.outcome, self.skip)
+        return self
+
+
 class StepConfig(_Request):
     """What a session (or a stateless select) runs: the instance, the policy and the stop rules."""
 
@@ -92,6 +126,10 @@ class StepConfig(_Request):
     seed: Seed = 0
     # Decision instances with losses: decided once the least expected loss is at most this.
     max_expected_loss: MaxExpectedLoss | None = None
+    # Tests that cannot be run here (a clinic without the machine): never proposed.
+    exclude_tests: list[Label] = Field(default_factory=list, max_length=MAX_EXCLUDED_TESTS)
+    # Tests proposed together (a page of questions): ``next_tests`` holds up to this many.
+    batch_size: Annotated[StrictInt, Field(ge=1, le=MAX_BATCH_SIZE)] = 1
 
     @model_validator(mode="after")
     def _one_instance(self) -> StepConfig:
@@ -106,6 +144,10 @@ class SessionCreate(StepConfig):
 
 class SelectRequest(StepConfig):
     observations: list[ObservationIn] = Field(default_factory=list, max_length=MAX_OBSERVATIONS_PER_REQUEST)
+
+    def labelled(self) -> list[tuple[str, str | None]]:
+        """(test, outcome) pairs in order; the outcome of a skip is None."""
+        return [(o.test, o.outcome) for o in self.observations]
 
 
 class EvaluateRequest(_Request):
@@ -135,6 +177,21 @@ class InstanceSummary(_Response):
     decisions: list[str] | None = None
 
 
+class InstanceListItem(_Response):
+    instance_id: str
+    kind: Literal["deterministic", "likelihood"]
+    n_hypotheses: int
+    n_tests: int
+    n_classes: int
+    created_at: str  # RFC 3339, UTC
+
+
+class InstanceList(_Response):
+    items: list[InstanceListItem]
+    # Pass as ?cursor= for the next page; null on the last page.
+    next_cursor: str | None
+
+
 class NextTest(_Response):
     id: str
     cost: float
@@ -142,8 +199,12 @@ class NextTest(_Response):
 
 
 class HistoryEntry(_Response):
+    """An answer ``{test, outcome, cost}`` or a skip ``{test, skipped: true, cost}`` (the absent
+    field is left out of the JSON)."""
+
     test: str
-    outcome: str
+    outcome: str | None = None
+    skipped: bool | None = None
     cost: float
 
 
@@ -168,6 +229,8 @@ class StepState(_Response):
     policy: str
     step: int
     next_test: NextTest | None
+    # The page to ask now: up to batch_size distinct tests, best first (next_test is the first).
+    next_tests: list[NextTest]
     done: StrictBool
     stop_reason: str | None
     cost_spent: float

@@ -22,7 +22,7 @@ import itertools
 import math
 import sys
 from collections import Counter
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 import numpy as np
 from pydantic import (
@@ -32,6 +32,7 @@ from pydantic import (
     Discriminator,
     Field,
     PrivateAttr,
+    StrictBool,
     StrictFloat,
     StrictInt,
     Tag,
@@ -111,6 +112,9 @@ class TestSpec(_Wire):
     cost: Number = 1.0
     outcomes: list[Label] | None = None
     error_rate: Number | None = None
+    # May be asked again in a session, each answer a new independent observation (likelihood
+    # instances only: a deterministic answer cannot change, so asking twice tells nothing).
+    repeatable: StrictBool = False
 
 
 class HypothesisSpec(_Wire):
@@ -143,6 +147,8 @@ class Instance(_Wire):
     loss_tolerance: Number | None = None
     acceptable_matrix: list[list[StrictInt]] | None = None
     loss_matrix: list[list[Number]] | None = None
+    # Whether a skipped test's cost counts towards what a session spent (default: free).
+    skip_cost: Literal["free", "charged"] = "free"
     # The columnar arrays as numpy, filled once by validation (see matrix_array()).
     _arrays: _DerivedArrays = PrivateAttr(default_factory=_DerivedArrays)
 
@@ -222,6 +228,7 @@ def validate_instance_rules(inst: Instance) -> list[Problem]:
         problems += _check_columnar(inst)
     problems += _check_noise(inst)
     problems += _check_decisions(inst)
+    problems += _check_repeatable(inst)
     return problems[:MAX_PROBLEMS]
 
 
@@ -239,6 +246,23 @@ def _labels_in_message(labels: set[str] | list[str]) -> str:
     if len(labels) <= 10:
         return repr(sorted(labels))
     return repr(list(itertools.islice(labels, 10)))[:-1] + ", ...]"
+
+
+def is_likelihood(inst: Instance) -> bool:
+    """Whether the instance compiles to likelihoods (given ones, or symmetric noise without
+    max_flips) rather than deterministic outcomes."""
+    if inst.likelihood_matrix is not None or any(h.likelihoods for h in inst.hypotheses or []):
+        return True
+    noisy = bool(inst.noise) or any(t.error_rate for t in inst.tests)
+    return noisy and inst.max_flips is None
+
+
+def _check_repeatable(inst: Instance) -> list[Problem]:
+    if is_likelihood(inst):
+        return []
+    return [(("tests", i, "repeatable"), "only a likelihood instance can repeat a test: a deterministic "
+             "answer cannot change, so asking again tells nothing (give noise, error_rate or likelihoods)")
+            for i, test in enumerate(inst.tests) if test.repeatable]
 
 
 def _check_tests(inst: Instance) -> list[Problem]:

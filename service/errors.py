@@ -51,3 +51,37 @@ class SessionUnreadable(ServiceError):
     """The stored session record is damaged: the session cannot go on (its id is logged)."""
 
     code = "session-unreadable"
+
+
+class InstanceGone(ServiceError):
+    """A session refers to an instance its owner deleted."""
+
+    code = "instance-gone"
+
+
+class ObservationNotFound(ServiceError):
+    """A correction names a test the session has no observation of."""
+
+    code = "observation-not-found"
+
+
+class AmbiguousObservation(ServiceError):
+    """A correction of a repeated test that does not say which answer it means."""
+
+    code = "ambiguous-observation"
+
+
+class PreconditionRequired(ServiceError):
+    """A write that is not safe to repeat came without ``If-Match`` (RFC 6585 §3)."""
+
+    code = "precondition-required"
+
+
+class UnknownTests(ServiceError):
+    """Test ids in a request field that the instance does not have; ``errors`` gives each path."""
+
+    code = "unknown-test"
+
+    def __init__(self, message: str, errors: list[dict[str, str]]):
+        super().__init__(message)
+        self.errors = errors

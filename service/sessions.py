@@ -1,9 +1,10 @@
 """The session domain: a stored :class:`SessionRecord` plus its :class:`CompiledInstance` in,
 the wire state out. HTTP handlers parse, call one method here, and serialise.
 
-A session stores only facts — the observations by label, in order — and everything else (the
-version space, the class posterior, the next test) is recomputed from them by the engine, so any
-worker can serve any session and a replayed observation is naturally a no-op.
+A session stores only facts — the observations by label, in order (answers, and skips) — and
+everything else (the version space, the class posterior, the next tests) is recomputed from them
+by the engine, so any worker can serve any session, a replayed observation is naturally a no-op,
+and a corrected or withdrawn observation simply changes the facts the state is computed from.
 """
 
 from __future__ import annotations
@@ -21,23 +22,37 @@ from typing import Any
 
 import numpy as np
 
-from schemas.api import InstanceSummary, SelectRequest, SessionCreate, StepConfig
+from schemas.api import (
+    InstanceList,
+    InstanceListItem,
+    InstanceSummary,
+    ObservationCorrection,
+    SelectRequest,
+    SessionCreate,
+    StepConfig,
+)
 from schemas.instance import Instance
 from service import engine
 from service.errors import (
+    AmbiguousObservation,
     ConcurrentUpdate,
     IdempotencyKeyReused,
     InstanceExpired,
+    InstanceGone,
     InstanceNotFound,
+    ObservationNotFound,
     PreconditionFailed,
+    PreconditionRequired,
     SessionDone,
     SessionNotFound,
     SessionUnreadable,
+    UnknownTests,
 )
 from service.metrics import OBSERVATIONS_APPLIED, SELECTION_SECONDS, SESSIONS_CREATED
 from service.store import DEFAULT_TENANT, CorruptRecord, SessionRecord, SessionStore, VersionConflict
 
 log = logging.getLogger(__name__)
+from service.store.base import StoredInstance
 
 # Compare-and-set attempts before answering 409 concurrent-update. Re-applying is safe: the
 # observations are facts keyed by test, so a retry after losing sees its own work as a no-op.
@@ -46,7 +61,8 @@ EXPLAIN_CANDIDATES = 5
 # Session ids carry 144 random bits (issue 6 asks for at least 128).
 SESSION_ID_BYTES = 18
 
-Labelled = tuple[tuple[str, str], ...]
+# Observations by label; the outcome of a skipped test is None.
+Labelled = tuple[tuple[str, str | None], ...]
 # A response body as plain data, serialised by orjson as it is: the wire models of schemas/api.py
 # (SessionState, StepState) define it, and the API tests validate real bodies against them, but
 # building and dumping a pydantic model per response cost ~15% of an observation's CPU.
@@ -191,6 +207,16 @@ class Sessions:
             raise InstanceNotFound(f"no instance '{instance_id}' (unknown, or expired)")
         return compiled
 
+    def list_instances(self, tenant: str = DEFAULT_TENANT, limit: int = 50, cursor: str | None = None) -> InstanceList:
+        items, next_cursor = self.store.list_instances(tenant, limit, cursor)
+        return InstanceList(items=[_listing_item(item) for item in items], next_cursor=next_cursor)
+
+    def delete_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> None:
+        """Delete the instance; its sessions then answer 410 instance-gone. A retried delete of
+        an instance already deleted succeeds again (its deletion is remembered for its TTL)."""
+        if not self.store.delete_instance(instance_id, tenant) and not self.store.instance_deleted(instance_id, tenant):
+            raise InstanceNotFound(f"no instance '{instance_id}' (unknown, or expired)")
+
     def _instance_of(self, config: StepConfig, tenant: str, store_inline: bool) -> engine.CompiledInstance:
         if config.instance is None:
             return self.instance(config.instance_id, tenant)  # type: ignore[arg-type]
@@ -201,6 +227,9 @@ class Sessions:
 
     def _instance_of_session(self, record: SessionRecord) -> engine.CompiledInstance:
         compiled = self.store.get_instance(record.instance_id, record.tenant)
+        if compiled is None and self.store.instance_deleted(record.instance_id, record.tenant):
+            raise InstanceGone(
+                f"session '{record.session_id}' refers to instance '{record.instance_id}', which was deleted")
         if compiled is None:
             raise InstanceExpired(
                 f"session '{record.session_id}' refers to instance '{record.instance_id}', which has "
@@ -216,6 +245,8 @@ class Sessions:
         # policy must leave nothing behind).
         compiled = self._instance_of(request, tenant, store_inline=False)
         policy = engine.resolve_policy(compiled, request.policy).name
+        excluded = _checked_exclusions(compiled, request)
+        engine.check_batch(compiled, request.batch_size)
         now = self.clock()
         record = SessionRecord(
             session_id=secrets.token_urlsafe(SESSION_ID_BYTES), instance_id=compiled.content_hash,
@@ -224,6 +255,7 @@ class Sessions:
             confidence=None if request.confidence is None else float(request.confidence),
             max_expected_loss=None if request.max_expected_loss is None else float(request.max_expected_loss),
             seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
+            exclude_tests=excluded, batch_size=request.batch_size,
         )
         state = self._state(record, compiled, explain)  # before storing: nothing is kept on failure
         if idempotency_key is not None:
@@ -269,17 +301,27 @@ class Sessions:
         if not self.store.delete_session(session_id, tenant):
             raise SessionNotFound(f"no session '{session_id}' (unknown, expired or deleted)")
 
-    def observe(self, session_id: str, labelled: Sequence[tuple[str, str]], tenant: str = DEFAULT_TENANT,
+    def observe(self, session_id: str, labelled: Sequence[tuple[str, str | None]], tenant: str = DEFAULT_TENANT,
                 if_match: Callable[[int], bool] | None = None, explain: bool = False) -> SessionResult:
-        """Record observations in order, all or nothing, by compare-and-set on the version.
+        """Record observations (answers and skips) in order, all or nothing, by compare-and-set
+        on the version.
 
-        Re-posting what is already recorded is a no-op; the same test with another outcome is a
-        conflict; anything new after the session stopped is refused; an observation that
-        contradicts every surviving hypothesis is refused and nothing is stored."""
+        Re-posting what is already recorded is a no-op, except an answer to a repeatable test,
+        which is a new observation each time and therefore needs ``If-Match`` (428 without it),
+        so a retry cannot count it twice. The same test with another outcome, or answered and
+        skipped, is a conflict; anything new after the session stopped is refused, except the
+        rest of the page it proposed last (batch sessions); an observation that contradicts every
+        surviving hypothesis is refused and nothing is stored."""
         for _ in range(CAS_ATTEMPTS):
             record = self._record(session_id, tenant)
             compiled = self._instance_of_session(record)
             fresh = self._new_observations(compiled, record, labelled)
+            repeated = [test for test, outcome in fresh
+                        if outcome is not None and compiled.repeatable_tests[compiled.test_index[test]]]
+            if repeated and if_match is None:
+                raise PreconditionRequired(
+                    f"test '{repeated[0]}' is repeatable, so posting its answer again would record it again: "
+                    "send If-Match with the session's ETag, so a retry of this request cannot be applied twice")
             if if_match is not None and not if_match(record.version) and fresh:
                 # RFC 9110 §13.1.1: a change that has already been applied may answer 2xx.
                 raise PreconditionFailed(
@@ -288,10 +330,11 @@ class Sessions:
                 return SessionResult(self._state(record, compiled, explain), record.version)
             observations = record.observations
             for observation in fresh:
-                if self._step(record, compiled, observations).done:
+                state = self._step(record, compiled, observations)
+                if state.done and observation[0] not in self._last_page(record, compiled, observations):
                     raise SessionDone(
-                        f"the session stopped ({self._step(record, compiled, observations).stop_reason}) "
-                        f"before '{observation[0]}' was observed; start a new session to go on")
+                        f"the session stopped ({state.stop_reason}) before '{observation[0]}' was observed; "
+                        "start a new session to go on")
                 observations = (*observations, observation)
                 self._step(record, compiled, observations)  # raises InconsistentObservation
             updated = replace(record.with_observations(observations), expires_at=self.clock() + self.session_ttl)
@@ -303,16 +346,80 @@ class Sessions:
             return SessionResult(self._state(updated, compiled, explain), updated.version)
         raise ConcurrentUpdate("the session kept changing while this update was applied; retry")
 
+    def correct(self, session_id: str, test: str, correction: ObservationCorrection, occurrence: int | None = None,
+                tenant: str = DEFAULT_TENANT, if_match: Callable[[int], bool] | None = None,
+                explain: bool = False) -> SessionResult:
+        """Replace a recorded observation of ``test`` by another outcome, or by a skip (PUT).
+
+        Idempotent: replacing it by what it already is changes nothing (and answers 200 even on
+        a stale If-Match, the change having been applied). A repeated test needs ``occurrence``
+        (1 = its first answer)."""
+
+        def edit(compiled: engine.CompiledInstance, observations: Labelled) -> Labelled:
+            position = _position_of(compiled, observations, test, occurrence)
+            outcome = correction.outcome
+            if outcome is not None:
+                t = compiled.test_index[test]
+                if str(outcome) not in compiled.outcome_index[t]:
+                    raise engine.UnknownOutcome(f"'{outcome}' is not an outcome of test '{test}' "
+                                                f"(expected one of {list(compiled.outcome_labels[t])})")
+            return (*observations[:position], (test, outcome), *observations[position + 1:])
+
+        return self._rewrite(session_id, tenant, if_match, explain, edit, repeat_safe=True)
+
+    def withdraw(self, session_id: str, test: str, occurrence: int | None = None, tenant: str = DEFAULT_TENANT,
+                 if_match: Callable[[int], bool] | None = None, explain: bool = False) -> SessionResult:
+        """Remove a recorded observation of ``test`` (DELETE): the state is recomputed as if it
+        was never made, so the test may be proposed again. Withdrawing one answer of a
+        repeatable test needs If-Match (a retry would withdraw the next one)."""
+
+        def edit(compiled: engine.CompiledInstance, observations: Labelled) -> Labelled:
+            position = _position_of(compiled, observations, test, occurrence)
+            if compiled.repeatable_tests[compiled.test_index[test]] and if_match is None:
+                raise PreconditionRequired(
+                    f"test '{test}' is repeatable, so a repeated withdrawal would remove another of its "
+                    "answers: send If-Match with the session's ETag")
+            return (*observations[:position], *observations[position + 1:])
+
+        return self._rewrite(session_id, tenant, if_match, explain, edit, repeat_safe=False)
+
+    def _rewrite(self, session_id: str, tenant: str, if_match: Callable[[int], bool] | None, explain: bool,
+                 edit: Callable[[engine.CompiledInstance, Labelled], Labelled], repeat_safe: bool) -> SessionResult:
+        """Apply ``edit`` to the recorded facts by compare-and-set and recompute the state from
+        them (a corrected session may stop, or go on again). A result that leaves no consistent
+        hypothesis is refused (409 inconsistent) and nothing is stored."""
+        for _ in range(CAS_ATTEMPTS):
+            record = self._record(session_id, tenant)
+            compiled = self._instance_of_session(record)
+            observations = edit(compiled, record.observations)
+            unchanged = observations == record.observations
+            if if_match is not None and not if_match(record.version) and not (repeat_safe and unchanged):
+                raise PreconditionFailed(
+                    f"If-Match does not name the session's current version (\"{record.version}\")")
+            if unchanged:
+                return SessionResult(self._state(record, compiled, explain), record.version)
+            self._step(record, compiled, observations)  # raises InconsistentObservation
+            updated = replace(record.with_observations(observations), expires_at=self.clock() + self.session_ttl)
+            try:
+                self.store.update_session(updated, expected_version=record.version)
+            except VersionConflict:
+                continue
+            return SessionResult(self._state(updated, compiled, explain), updated.version)
+        raise ConcurrentUpdate("the session kept changing while this update was applied; retry")
+
     def select(self, request: SelectRequest, tenant: str = DEFAULT_TENANT, explain: bool = False) -> WireBody:
         """The step for observations the client keeps itself; nothing is stored."""
         compiled = self._instance_of(request, tenant, store_inline=False)
         policy = engine.resolve_policy(compiled, request.policy).name
-        parsed = engine.parse_observations(compiled, [(o.test, o.outcome) for o in request.observations])
-        observations = tuple((compiled.test_ids[t], compiled.outcome_labels[t][k]) for t, k in parsed)
+        excluded = _checked_exclusions(compiled, request)
+        engine.check_batch(compiled, request.batch_size)
+        parsed = engine.parse_observations(compiled, request.labelled())
+        observations = tuple(_labels_of(compiled, t, k) for t, k in parsed)
         rules = engine.StopRules(request.max_tests, None if request.max_cost is None else float(request.max_cost),
                                  None if request.confidence is None else float(request.confidence),
                                  None if request.max_expected_loss is None else float(request.max_expected_loss))
-        return _wire(self._compute(compiled, policy, rules, request.seed, observations), explain)
+        return _wire(self._compute(compiled, policy, rules, request.seed, observations, excluded, request.batch_size),
+                     explain)
 
     # --- the steps ----------------------------------------------------------------------
 
@@ -332,39 +439,63 @@ class Sessions:
 
     @staticmethod
     def _new_observations(compiled: engine.CompiledInstance, record: SessionRecord,
-                          labelled: Sequence[tuple[str, str]]) -> Labelled:
-        """The posted observations not yet recorded, with canonical labels. Raises the engine's
-        UnknownTest / UnknownOutcome / ConflictingObservation (positions as posted)."""
+                          labelled: Sequence[tuple[str, str | None]]) -> Labelled:
+        """The posted observations not yet recorded, with canonical labels (every answer to a
+        repeatable test is new). Raises the engine's UnknownTest / UnknownOutcome /
+        ConflictingObservation (positions as posted)."""
         parsed = engine.parse_observations(compiled, labelled)
-        recorded = dict(record.observations)
+        recorded = dict(record.observations)  # a repeatable test: its last answer, enough here
         fresh = []
         for t, k in parsed:
-            test, outcome = compiled.test_ids[t], compiled.outcome_labels[t][k]
-            if test in recorded:
+            test, outcome = _labels_of(compiled, t, k)
+            if test in recorded and (recorded[test] is None) != (outcome is None):
+                raise engine.ConflictingObservation(
+                    f"test '{test}' was {'skipped' if recorded[test] is None else 'answered'} in this session; "
+                    f"to change that, PUT /v1/sessions/{record.session_id}/observations/{test}")
+            if test in recorded and not (outcome is not None and compiled.repeatable_tests[t]):
                 if recorded[test] != outcome:
                     raise engine.ConflictingObservation(
-                        f"test '{test}' was already observed as '{recorded[test]}' in this session")
+                        f"test '{test}' was already observed as '{recorded[test]}' in this session; to correct "
+                        f"it, PUT /v1/sessions/{record.session_id}/observations/{test}")
                 continue
             fresh.append((test, outcome))
         return tuple(fresh)
 
+    def _last_page(self, record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> set[str]:
+        """The tests of the page a batch session proposed last before it stopped (empty for a
+        one-test session): the latest of the last ``batch_size`` states that was not done. Its
+        remaining answers are still accepted once the session is done: the respondent saw them
+        together and answered them in any order."""
+        if record.batch_size <= 1:
+            return set()
+        for end in range(len(observations) - 1, max(-1, len(observations) - record.batch_size - 1), -1):
+            state = self._step(record, compiled, observations[:end])
+            if not state.done:
+                return {test["id"] for test in state.body["next_tests"]}
+        return set()
+
     def _step(self, record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> _Step:
         rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss)
-        return self._compute(compiled, record.policy, rules, record.seed, observations)
+        return self._compute(compiled, record.policy, rules, record.seed, observations, record.exclude_tests,
+                             record.batch_size)
 
     def _compute(self, compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
-                 observations: Labelled) -> _Step:
+                 observations: Labelled, excluded: tuple[str, ...] = (), batch_size: int = 1) -> _Step:
         resolved = engine.resolve_policy(compiled, policy)
         # Sessions that differ in their seed alone share their steps, unless the policy draws
         # from the seed.
-        key = (compiled.content_hash, policy, rules, seed if resolved.seeded else None)
+        key = (compiled.content_hash, policy, rules, seed if resolved.seeded else None, excluded, batch_size)
         step = self._steps.get((*key, observations))
         if step is None:
             with SELECTION_SECONDS.time():
                 parsed = engine.parse_observations(compiled, observations)
                 previous = self._steps.belief((*key, observations[:-1])) if observations else None
                 belief = engine.observe(compiled, parsed, previous)
-                decision = engine.decide(belief, resolved, rules, seed)
+                excluded_mask = None
+                if excluded:
+                    excluded_mask = np.zeros(compiled.n_tests, dtype=bool)
+                    excluded_mask[[compiled.test_index[t] for t in excluded]] = True
+                decision = engine.decide(belief, resolved, rules, seed, excluded_mask, batch_size)
             step = _step_of(compiled, policy, decision)
             self._steps.put((*key, observations), step, belief)
         return step
@@ -377,7 +508,47 @@ class Sessions:
 
 def _config_of(record: SessionRecord) -> tuple:
     return (record.instance_id, record.policy, record.max_tests, record.max_cost, record.confidence, record.seed,
-            record.max_expected_loss)
+            record.max_expected_loss, record.exclude_tests, record.batch_size)
+
+
+def _checked_exclusions(compiled: engine.CompiledInstance, config: StepConfig) -> tuple[str, ...]:
+    """``exclude_tests`` as canonical ids, first mention first; unknown ids are refused with
+    their paths."""
+    unknown = [{"path": f"exclude_tests[{i}]", "message": f"unknown test '{test}'"}
+               for i, test in enumerate(config.exclude_tests) if test not in compiled.test_index]
+    if unknown:
+        raise UnknownTests(f"exclude_tests names {len(unknown)} test(s) the instance does not have", unknown)
+    return tuple(dict.fromkeys(config.exclude_tests))
+
+
+def _labels_of(compiled: engine.CompiledInstance, t: int, k: int) -> tuple[str, str | None]:
+    return compiled.test_ids[t], None if k == engine.SKIPPED else compiled.outcome_labels[t][k]
+
+
+def _position_of(compiled: engine.CompiledInstance, observations: Labelled, test: str,
+                 occurrence: int | None) -> int:
+    """Where the observation a correction names is in the facts: the test's only one, or its
+    ``occurrence``-th (1-based) when it was answered several times."""
+    if test not in compiled.test_index:
+        raise engine.UnknownTest(f"unknown test '{test}'")
+    positions = [i for i, (recorded, _) in enumerate(observations) if recorded == test]
+    if not positions:
+        raise ObservationNotFound(f"test '{test}' has no observation in this session")
+    if occurrence is None:
+        if len(positions) > 1:
+            raise AmbiguousObservation(f"test '{test}' was answered {len(positions)} times in this session; "
+                                       "say which answer with ?occurrence=1 (first) to "
+                                       f"?occurrence={len(positions)} (last)")
+        return positions[0]
+    if occurrence > len(positions):
+        raise ObservationNotFound(f"test '{test}' has {len(positions)} observation(s) in this session, "
+                                  f"not {occurrence}")
+    return positions[occurrence - 1]
+
+
+def _listing_item(item: StoredInstance) -> InstanceListItem:
+    return InstanceListItem(instance_id=item.instance_id, kind=item.kind, n_hypotheses=item.n_hypotheses,
+                            n_tests=item.n_tests, n_classes=item.n_classes, created_at=_rfc3339(item.created_at))
 
 
 def _rfc3339(unix_seconds: float) -> str:
@@ -395,21 +566,22 @@ def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.De
     order = np.argsort(-posterior, kind="stable")  # most probable first; ties in instance order
     order = order[posterior[order] > 0]
     labels, tests, costs = compiled.class_labels, compiled.test_ids, compiled.costs
-    next_test = None
-    if decision.next_test is not None:
-        t = decision.next_test
-        next_test = {"id": tests[t], "cost": float(costs[t]), "outcomes": list(compiled.outcome_labels[t])}
+    next_tests = [{"id": tests[t], "cost": float(costs[t]), "outcomes": list(compiled.outcome_labels[t])}
+                  for t in decision.batch]
     scores = decision.scores
     scored = np.flatnonzero(~np.isnan(scores))
     best = scored[np.argsort(-scores[scored], kind="stable")][:EXPLAIN_CANDIDATES].tolist()
     body = {
         "policy": policy,
-        "step": len(belief.observations),
-        "next_test": next_test,
+        "step": len(belief.answers),
+        "next_test": next_tests[0] if next_tests else None,
+        "next_tests": next_tests,
         "done": decision.done,
         "stop_reason": None if decision.stop_reason is None else str(decision.stop_reason),
         "cost_spent": float(belief.cost_spent),
-        "history": [{"test": tests[t], "outcome": compiled.outcome_labels[t][k], "cost": float(costs[t])}
+        "history": [{"test": tests[t], "skipped": True, "cost": float(costs[t]) if compiled.skip_charged else 0.0}
+                    if k == engine.SKIPPED else
+                    {"test": tests[t], "outcome": compiled.outcome_labels[t][k], "cost": float(costs[t])}
                     for t, k in belief.observations],
         "class_posterior": dict(zip((labels[i] for i in order.tolist()), posterior[order].tolist())),
         "map_class": labels[int(order[0])],

@@ -103,6 +103,15 @@ class Delegating(SessionStore):
     def get_instance(self, instance_id, tenant=DEFAULT_TENANT):
         return self.inner.get_instance(instance_id, tenant)
 
+    def list_instances(self, tenant=DEFAULT_TENANT, limit=50, after=None):
+        return self.inner.list_instances(tenant, limit, after)
+
+    def delete_instance(self, instance_id, tenant=DEFAULT_TENANT):
+        return self.inner.delete_instance(instance_id, tenant)
+
+    def instance_deleted(self, instance_id, tenant=DEFAULT_TENANT):
+        return self.inner.instance_deleted(instance_id, tenant)
+
     def create_session(self, record):
         return self.inner.create_session(record)
 

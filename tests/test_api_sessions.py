@@ -9,7 +9,7 @@ import pytest
 
 from api_support import NOISY, QUAD, TRIAGE, assert_problem, new_session, observe, stored
 
-STATE_FIELDS = {"session_id", "policy", "step", "next_test", "done", "stop_reason", "cost_spent", "history",
+STATE_FIELDS = {"session_id", "policy", "step", "next_test", "next_tests", "done", "stop_reason", "cost_spent", "history",
                 "class_posterior", "map_class", "version_space_size", "expires_at"}
 
 

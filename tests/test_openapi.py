@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -32,7 +33,7 @@ def test_every_route_of_the_app_is_documented_with_its_methods():
     for rule in app.url_map.iter_rules():
         # The pages for people (/ui, /docs) are HTML, not part of the API's contract.
         if rule.endpoint != "static" and rule.endpoint.split(".")[0] not in PAGE_BLUEPRINTS:
-            path = rule.rule.replace("<", "{").replace(">", "}")
+            path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)  # <path:test> is {test}
             served.setdefault(path, set()).update(rule.methods - {"HEAD", "OPTIONS"})
     documented = {path: {method.upper() for method in item} for path, item in spec["paths"].items()}
     assert served == documented

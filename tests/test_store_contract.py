@@ -398,8 +398,9 @@ def test_redis_holds_json_and_raw_arrays_never_pickle(redis_env):
     raw = raw_client(redis_env.redis_url)
 
     stored = raw.hgetall(store.instance_key(inst.content_hash))
-    assert set(stored) == {b"header", b"body"}
+    assert set(stored) == {b"header", b"body", b"summary"}
     header = orjson.loads(stored[b"header"])  # plain JSON
+    assert orjson.loads(stored[b"summary"])["n_tests"] == inst.n_tests  # what a listing reads
     assert header["content_hash"] == inst.content_hash
     # The body is exactly the arrays' little-endian bytes, back to back.
     expected = b"".join(np.ascontiguousarray(getattr(inst, d["name"]), dtype=d["dtype"]).tobytes()

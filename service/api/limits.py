@@ -88,15 +88,16 @@ def check_request(model: BaseModel) -> None:
         _check_instance(model, settings)
     elif isinstance(model, StepConfig) and model.instance is not None:
         _check_instance(model.instance, settings, path="instance.")
-    if isinstance(model, ObservationsRequest):
+    if isinstance(model, ObservationsRequest | SelectRequest):
         labelled = model.labelled()
-    elif isinstance(model, SelectRequest):
-        labelled = [(o.test, o.outcome) for o in model.observations]
     if labelled is not None:
         if len(labelled) > settings.max_observations_per_request:
             raise LimitExceeded("MAX_OBSERVATIONS_PER_REQUEST", settings.max_observations_per_request,
                                 f"the request carries {len(labelled)} observations")
-        _check_labels((label for pair in labelled for label in pair), settings.max_label_length, "observations")
+        _check_labels((label for pair in labelled for label in pair if label is not None), settings.max_label_length,
+                      "observations")
+    if isinstance(model, StepConfig):
+        _check_labels(model.exclude_tests, settings.max_label_length, "exclude_tests")
 
 
 def _check_labels(labels: Iterable[str], limit: int, where: str) -> None:

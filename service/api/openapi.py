@@ -21,7 +21,9 @@ from service import __version__
 from schemas.api import (
     MAX_OBSERVATIONS_PER_REQUEST,
     EvaluateRequest,
+    InstanceList,
     InstanceSummary,
+    ObservationCorrection,
     ObservationsRequest,
     Problem,
     SelectRequest,
@@ -46,11 +48,12 @@ STATUS_TEXT = {400: ("Bad request: malformed JSON, an invalid header or query pa
                417: "Expectation failed: an Expect header other than 100-continue",
                431: "Request header fields too large (over gunicorn's limits)",
                507: "The session store is full (Redis maxmemory); nothing was stored; retry after Retry-After seconds",
-               404: "Not found", 405: "Method not allowed", 409: "Conflict", 410: "Gone: the instance expired",
+               404: "Not found", 405: "Method not allowed", 409: "Conflict", 410: "Gone: the instance expired or was deleted",
                412: "Precondition failed: If-Match names a stale version",
                401: "Unauthorized: API keys are on (API_KEYS) and no valid `Authorization: Bearer` key came",
                413: "Content too large: the body, the instance's n·N cells, or another limit (MAX_*, named)",
                415: "Unsupported media type: send application/json", 422: "Invalid content",
+               428: "Precondition required: this write is not safe to repeat; send If-Match with the ETag",
                500: "Internal error (logged; no details are given)",
                429: "Too many requests: over the tenant's rate limit (RATE_LIMIT); retry after Retry-After seconds",
                501: "Not implemented here: a rendering tool (Graphviz) is not installed",
@@ -111,7 +114,8 @@ def _policy_names(node: Any) -> None:
 def _schemas() -> dict[str, Any]:
     _, schema = models_json_schema(
         [(Instance, "validation"), (SessionCreate, "validation"), (SelectRequest, "validation"),
-         (ObservationsRequest, "validation"), (InstanceSummary, "serialization"), (SessionState, "serialization"),
+         (ObservationsRequest, "validation"), (ObservationCorrection, "validation"),
+         (InstanceSummary, "serialization"), (InstanceList, "serialization"), (SessionState, "serialization"),
          (StepState, "serialization"), (Problem, "serialization"), (EvaluateRequest, "validation")],
         ref_template=REF,
     )
@@ -174,6 +178,14 @@ HEADER = {
                             "schema": {"type": "string", "enum": ["true"]}},
 }
 SESSION_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
+TEST_ID = {"name": "test", "in": "path", "required": True, "schema": {"type": "string"},
+           "description": "The test whose recorded observation is corrected or withdrawn"}
+OCCURRENCE = {"name": "occurrence", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1},
+              "description": "Which answer of a test answered several times (repeatable tests): 1 is the first"}
+LIMIT = {"name": "limit", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}}
+CURSOR = {"name": "cursor", "in": "query", "required": False, "schema": {"type": "string"},
+          "description": "A previous page's next_cursor, unchanged"}
 INSTANCE_ID = {"name": "instance_id", "in": "path", "required": True, "schema": {"type": "string"}}
 EXPLAIN = {"name": "explain", "in": "query", "required": False, "schema": {"type": "boolean", "default": False},
            "description": "Also list the best-scoring candidate tests with their scores"}
@@ -205,7 +217,12 @@ def build_spec() -> dict[str, Any]:
                      "Idempotent-Replayed": HEADER["Idempotent-Replayed"]})
     summary = _json(_ref("InstanceSummary"), "The instance's summary")
     paths = {
-        "/v1/instances": {"post": {
+        "/v1/instances": {"get": {
+            "operationId": "listInstances", "tags": ["instances"],
+            "summary": "The tenant's stored instances, oldest first, a page at a time",
+            "parameters": [LIMIT, CURSOR],
+            "responses": {"200": _json(_ref("InstanceList"), "A page; next_cursor is null on the last"),
+                          **_problems(400, 500, 503)}}, "post": {
             "operationId": "postInstance", "tags": ["instances"],
             "summary": "Validate, compile and store an instance under its content hash",
             "requestBody": _body("Instance", "An instance, per-hypothesis or columnar (docs/instances.md)",
@@ -217,7 +234,14 @@ def build_spec() -> dict[str, Any]:
         "/v1/instances/{instance_id}": {"get": {
             "operationId": "getInstance", "tags": ["instances"], "summary": "An instance's summary",
             "parameters": [INSTANCE_ID],
-            "responses": {"200": summary, **_problems(404, 500, 503)}}},
+            "responses": {"200": summary, **_problems(404, 500, 503)}},
+            "delete": {
+                "operationId": "deleteInstance", "tags": ["instances"],
+                "summary": "Delete an instance; its sessions then answer 410 instance-gone",
+                "description": ("A retried delete answers 204 again while the deletion is remembered (the "
+                                "instance's TTL). Posting the same content again stores it anew."),
+                "parameters": [INSTANCE_ID],
+                "responses": {"204": {"description": "Deleted"}, **_problems(404, 500, 503)}}},
         "/v1/instances/{instance_id}/evaluate": {"post": {
             "operationId": "evaluateInstance", "tags": ["instances"],
             "summary": "Expected cost, tests and accuracy of policies on a stored instance (docs/evaluation.md)",
@@ -255,14 +279,37 @@ def build_spec() -> dict[str, Any]:
         "/v1/sessions/{session_id}/observations": {"post": {
             "operationId": "postObservations", "tags": ["sessions"],
             "summary": "Record one observation or several (in order, all or nothing)",
-            "description": ("Re-posting a recorded observation is a no-op (200). The same test with another "
-                            "outcome, anything new after the session is done, and an observation contradicting "
-                            "every remaining hypothesis are 409, and nothing is stored. At most "
+            "description": ("An observation is an answer {test, outcome} or a skip {test, skip: true}. "
+                            "Re-posting a recorded observation is a no-op (200), except an answer to a repeatable "
+                            "test, which counts again and so requires If-Match (428 without it). The same test "
+                            "with another outcome, anything new after the session is done (but the rest of a "
+                            "batch session's last page), and an observation contradicting every remaining "
+                            "hypothesis are 409, and nothing is stored. At most "
                             f"{MAX_OBSERVATIONS_PER_REQUEST} observations per request."),
             "parameters": [SESSION_ID, IF_MATCH, EXPLAIN],
-            "requestBody": _body("ObservationsRequest", "{test, outcome} or {observations: [{test, outcome}, ...]}",
+            "requestBody": _body("ObservationsRequest",
+                                 "{test, outcome}, {test, skip: true} or {observations: [...]} of those",
                                  {"test": "ecg", "outcome": "abnormal"}),
-            "responses": {"200": session, **_problems(400, 404, 409, 410, 412, 413, 415, 422, 500, 503)}}},
+            "responses": {"200": session,
+                          **_problems(400, 404, 409, 410, 412, 413, 415, 422, 428, 500, 503)}}},
+        "/v1/sessions/{session_id}/observations/{test}": {
+            "put": {"operationId": "correctObservation", "tags": ["sessions"],
+                    "summary": "Replace a recorded observation's outcome (or make it a skip)",
+                    "description": ("Everything is recomputed from the corrected facts; a done session may go on "
+                                    "again. Idempotent: the same correction again changes nothing (200). 409 "
+                                    "inconsistent when no hypothesis would be left, and nothing is stored."),
+                    "parameters": [SESSION_ID, TEST_ID, OCCURRENCE, IF_MATCH, EXPLAIN],
+                    "requestBody": _body("ObservationCorrection", "{outcome} or {skip: true}",
+                                         {"outcome": "normal"}),
+                    "responses": {"200": session,
+                                  **_problems(400, 404, 409, 410, 412, 413, 415, 422, 500, 503)}},
+            "delete": {"operationId": "withdrawObservation", "tags": ["sessions"],
+                       "summary": "Withdraw a recorded observation; the state is recomputed without it",
+                       "description": ("A retry answers 404 observation-not-found (nothing changes). Withdrawing "
+                                       "one answer of a repeatable test requires If-Match (428 without it)."),
+                       "parameters": [SESSION_ID, TEST_ID, OCCURRENCE, IF_MATCH, EXPLAIN],
+                       "responses": {"200": session,
+                                     **_problems(400, 404, 409, 410, 412, 422, 428, 500, 503)}}},
         "/v1/select": {"post": {
             "operationId": "select", "tags": ["select"],
             "summary": "Stateless: the step after the given observations; nothing is stored",

@@ -34,12 +34,16 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "malformed-json": (400, "Malformed JSON",
                        "the body is not JSON (NaN, Infinity, invalid UTF-8 and nesting deeper than 1024 included)"),
     "invalid-header": (400, "Invalid header", "a bad `Idempotency-Key` or `If-Match`"),
-    "invalid-parameter": (400, "Invalid query parameter", "`explain` (or a tree parameter) not of its type"),
+    "invalid-parameter": (400, "Invalid query parameter",
+                          "`explain`, `occurrence`, `limit`, `cursor` (or a tree parameter) not of its type"),
     "unauthorized": (401, "Unauthorized",
                      "API keys are on (`API_KEYS`) and no valid `Authorization: Bearer` key came"),
     "not-found": (404, "Not found", "no such route"),
-    "instance-not-found": (404, "Instance not found", "no such instance for this tenant (unknown or expired)"),
+    "instance-not-found": (404, "Instance not found",
+                           "no such instance for this tenant (unknown, expired or deleted)"),
     "session-not-found": (404, "Session not found", "no such session for this tenant"),
+    "observation-not-found": (404, "Observation not found",
+                              "a correction or withdrawal names a test with no recorded observation"),
     "method-not-allowed": (405, "Method not allowed", "with an `Allow` header"),
     "conflicting-observation": (409, "Conflicting observation",
                                 "the test was already observed with another outcome; nothing is stored"),
@@ -49,14 +53,19 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "concurrent-update": (409, "Concurrent update", "other writers kept winning; retry"),
     "idempotency-key-reused": (409, "Idempotency key reused",
                                "an `Idempotency-Key` already used for a different session request"),
+    "ambiguous-observation": (409, "Ambiguous observation",
+                              "a correction of a test answered several times without `?occurrence=`"),
     "instance-expired": (410, "Instance expired",
                          "the session's instance is no longer stored: post it again and start a new session"),
     "session-unreadable": (410, "Session unreadable",
                            "the stored session record is damaged (logged with the request id); start a new session"),
+    "instance-gone": (410, "Instance deleted", "the session's instance was deleted (`DELETE /v1/instances/{id}`)"),
     "request-timeout": (408, "Request timeout",
                         "the whole request did not arrive within `REQUEST_READ_TIMEOUT` seconds; the connection is "
                         "closed"),
     "precondition-failed": (412, "Precondition failed", "`If-Match` names a stale version, or is empty"),
+    "precondition-required": (428, "Precondition required",
+                              "an answer to a repeatable test, or the withdrawal of one, without `If-Match`"),
     "body-too-large": (413, "Request body too large",
                        "the body is over `MAX_BODY_BYTES`, announced by `Content-Length` or as chunks arrive"),
     "instance-too-large": (413, "Instance too large",
@@ -76,7 +85,8 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "headers-too-large": (431, "Request headers too large", "the header section is over gunicorn's limits"),
     "validation-error": (422, "Invalid request",
                          "the body breaks the wire schema; `errors` lists each problem with its JSON path"),
-    "unknown-test": (422, "Unknown test", "an observation names a test the instance does not have"),
+    "unknown-test": (422, "Unknown test",
+                     "an observation or `exclude_tests` names a test the instance does not have"),
     "unknown-outcome": (422, "Unknown outcome", "an observation names an outcome its test does not have"),
     "unknown-policy": (422, "Unknown policy", "no policy of that name"),
     "policy-not-applicable": (422, "Policy not applicable", "the policy needs another kind of instance"),
@@ -123,7 +133,8 @@ def register_problems(app: Flask, retry_after_seconds: int = 1) -> None:
     @app.errorhandler(EngineError)
     @app.errorhandler(ServiceError)
     def _domain(error: EngineError | ServiceError) -> Response:
-        return problem_response(error.code if error.code in PROBLEMS else "service-error", str(error))
+        return problem_response(error.code if error.code in PROBLEMS else "service-error", str(error),
+                                errors=getattr(error, "errors", None))
 
     @app.errorhandler(StoreUnavailable)
     def _store_unavailable(error: StoreUnavailable) -> Response:

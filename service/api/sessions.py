@@ -1,8 +1,10 @@
-"""``/v1/sessions``: create, read, delete a session; post observations to it.
+"""``/v1/sessions``: create, read, delete a session; post observations to it; correct
+(``PUT``) or withdraw (``DELETE``) one recorded observation.
 
-Every session response carries ``ETag: "<version>"``; ``If-Match`` is honoured on observations
-and delete (412 on a stale tag, except for a replay of observations already applied, which
-RFC 9110 §13.1.1 allows to answer 200).
+Every session response carries ``ETag: "<version>"``; ``If-Match`` is honoured on every write
+(412 on a stale tag, except for a replay of a change already applied, which RFC 9110 §13.1.1
+allows to answer 200), and required (428) where a retry could apply a change twice: answers to
+repeatable tests and withdrawals of one of their answers.
 """
 
 from __future__ import annotations
@@ -11,16 +13,18 @@ from collections.abc import Callable
 
 from flask import Blueprint, Response, request, url_for
 
-from schemas.api import ObservationsRequest, SessionCreate
+from schemas.api import ObservationCorrection, ObservationsRequest, SessionCreate
 from service.errors import PreconditionFailed
 from service.sessions import SessionResult
 
 from .context import sessions, tenant
-from .encoding import InvalidHeaderValue, flag, json_response, parse_body
+from .encoding import InvalidHeaderValue, InvalidParameter, flag, json_response, parse_body
 
 bp = Blueprint("sessions", __name__, url_prefix="/v1/sessions")
 
 IDEMPOTENCY_KEY_MAX = 255
+# Far above any session's answers to one test (MAX_OBSERVATIONS_PER_REQUEST per request).
+MAX_OCCURRENCE = 10**9
 
 
 def _etag(version: int) -> str:
@@ -82,4 +86,28 @@ def observe(session_id: str) -> Response:
     posted = parse_body(ObservationsRequest)
     result = sessions().observe(session_id, posted.labelled(), tenant(), if_match=_if_match(),
                                 explain=flag("explain"))
+    return _respond(result)
+
+
+def _occurrence() -> int | None:
+    raw = request.args.get("occurrence")
+    if raw is None:
+        return None
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_OCCURRENCE:
+        raise InvalidParameter(f"occurrence must be a whole number from 1 to {MAX_OCCURRENCE}, got {raw!r}")
+    return int(raw)
+
+
+@bp.put("/<session_id>/observations/<path:test>")
+def correct(session_id: str, test: str) -> Response:
+    correction = parse_body(ObservationCorrection)
+    result = sessions().correct(session_id, test, correction, _occurrence(), tenant(), if_match=_if_match(),
+                                explain=flag("explain"))
+    return _respond(result)
+
+
+@bp.delete("/<session_id>/observations/<path:test>")
+def withdraw(session_id: str, test: str) -> Response:
+    result = sessions().withdraw(session_id, test, _occurrence(), tenant(), if_match=_if_match(),
+                                 explain=flag("explain"))
     return _respond(result)

@@ -10,7 +10,7 @@ Typical use::
     decision.next_test_id, decision.stop_reason, decision.class_posterior   # 'ecg', None, {'admit': 0.7, ...}
 """
 
-from .belief import Belief, Observation, OutcomeStats, observe, parse_observations
+from .belief import SKIPPED, Belief, Observation, OutcomeStats, observe, parse_observations
 from .compiled import CompiledInstance, compile_instance, count_noisy_copies, log_p_min_bound
 from .errors import (
     ConflictingObservation,
@@ -40,10 +40,14 @@ from .policies import POLICIES, Policy
 from .regions import choose_decision, decision_posterior, expected_loss
 from .select import (
     DEFAULT_LIKELIHOOD_CONFIDENCE,
+    MAX_BATCH_BRANCHES,
+    MAX_BATCH_CELLS,
     Decision,
     StopReason,
     StopRules,
+    check_batch,
     decide,
+    greedy_batch,
     next_step,
     resolve_policy,
 )

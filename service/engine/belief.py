@@ -17,7 +17,9 @@ from .compiled import CompiledInstance
 from .errors import ConflictingObservation, InconsistentObservation, UnknownOutcome, UnknownTest
 from .regions import PowerSums, power_sums, region_sets
 
-Observation = tuple[int, int]  # (test index, outcome index)
+Observation = tuple[int, int]  # (test index, outcome index), or (test index, SKIPPED)
+# The outcome index of a skipped test: the respondent gave no answer, so nothing is learnt.
+SKIPPED = -1
 
 # The statistics a policy may ask for beyond p (always computed): see :class:`OutcomeStats`.
 STATISTICS = frozenset({"sum_sq", "sum_xlogx", "max"})
@@ -79,35 +81,54 @@ def xlog2x(x: np.ndarray) -> np.ndarray:
     return np.where(positive, x * np.log2(np.where(positive, x, 1.0)), 0.0)
 
 
-def parse_observations(inst: CompiledInstance, labelled: Iterable[tuple[str, str]]) -> list[Observation]:
-    """Labels → indices, in order; a repeated identical observation counts once."""
-    seen: dict[int, int] = {}
+def parse_observations(inst: CompiledInstance,
+                       labelled: Iterable[tuple[str, str | None]]) -> list[Observation]:
+    """Labels → indices, in order. An outcome of None is a skip, parsed as (t, SKIPPED).
+
+    A repeated identical observation counts once, except an answer to a repeatable test, which
+    is a new observation each time. A test cannot be both answered and skipped."""
+    answered: dict[int, int] = {}
+    skipped: set[int] = set()
+    repeatable = inst.repeatable_tests
     parsed: list[Observation] = []
     for position, (test_id, outcome) in enumerate(labelled):
         t = inst.test_index.get(test_id)
         if t is None:
             raise UnknownTest(f"observation {position}: unknown test '{test_id}'")
+        if outcome is None:
+            if t in answered:
+                raise ConflictingObservation(
+                    f"observation {position}: test '{test_id}' was answered "
+                    f"('{inst.outcome_labels[t][answered[t]]}'), so it cannot be skipped")
+            if t not in skipped:
+                skipped.add(t)
+                parsed.append((t, SKIPPED))
+            continue
         k = inst.outcome_index[t].get(str(outcome))
         if k is None:
             raise UnknownOutcome(
                 f"observation {position}: '{outcome}' is not an outcome of test '{test_id}' "
                 f"(expected one of {list(inst.outcome_labels[t])})"
             )
-        if t in seen:
-            if seen[t] != k:
+        if t in skipped:
+            raise ConflictingObservation(f"observation {position}: test '{test_id}' was skipped, so it has "
+                                         "no answer")
+        if t in answered and not repeatable[t]:
+            if answered[t] != k:
                 raise ConflictingObservation(
                     f"observation {position}: test '{test_id}' was already observed as "
-                    f"'{inst.outcome_labels[t][seen[t]]}'"
+                    f"'{inst.outcome_labels[t][answered[t]]}'"
                 )
             continue
-        seen[t] = k
+        answered[t] = k
         parsed.append((t, k))
     return parsed
 
 
 @dataclass(frozen=True, eq=False)
 class Belief:
-    """The state after ``observations``.
+    """The state after ``observations`` (answers, and skips: ``(t, SKIPPED)``, which change no
+    mass).
 
     ``alive`` holds the indices of hypotheses with positive mass (the version space V(x_A) for
     deterministic instances); ``mass`` their weights: the prior P(h) itself for deterministic
@@ -129,14 +150,31 @@ class Belief:
         return float(self.mass.sum())
 
     @cached_property
+    def answers(self) -> tuple[Observation, ...]:
+        """The observations that were answered (skips left out)."""
+        return tuple((t, k) for t, k in self.observations if k != SKIPPED)
+
+    @cached_property
     def run_tests(self) -> np.ndarray:
+        """(N,) bool: the tests answered at least once."""
         ran = np.zeros(self.instance.n_tests, dtype=bool)
-        ran[[t for t, _ in self.observations]] = True
+        ran[[t for t, _ in self.answers]] = True
         return ran
 
     @cached_property
+    def skipped_tests(self) -> np.ndarray:
+        """(N,) bool: the tests the respondent skipped (never proposed again)."""
+        skipped = np.zeros(self.instance.n_tests, dtype=bool)
+        skipped[[t for t, k in self.observations if k == SKIPPED]] = True
+        return skipped
+
+    @cached_property
     def cost_spent(self) -> float:
-        return float(sum(self.instance.costs[t] for t, _ in self.observations))
+        """The cost of every answer (a repeated test each time), plus every skipped test's when
+        the instance says ``skip_cost: charged``."""
+        inst = self.instance
+        charged = self.observations if inst.skip_charged else self.answers
+        return float(sum(inst.costs[t] for t, _ in charged))
 
     @cached_property
     def class_mass(self) -> np.ndarray:
@@ -198,11 +236,14 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
             and (inst.outcomes is not None or previous.support is not None)
             and observations[: len(previous.observations)] == previous.observations):
         done = len(previous.observations)
+    answers = [(t, k) for t, k in observations if k != SKIPPED]
+    # Skips change no mass: only the answers after the carried-forward prefix are applied.
+    new_answers = [(t, k) for t, k in observations[done:] if k != SKIPPED]
     if inst.outcomes is not None:
         alive = previous.alive if done else None
         # Filter the survivors of each observation in turn: late in a session each filter reads
         # a handful of rows, not a column of the whole matrix.
-        for t, k in observations[done:]:
+        for t, k in new_answers:
             if alive is None:
                 alive = np.flatnonzero((inst.outcomes[:, t] == k) & (inst.prior > 0))
             else:
@@ -210,7 +251,7 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
         if alive is None:
             alive = np.flatnonzero(inst.prior > 0)
         if alive.size == 0:
-            raise InconsistentObservation(_inconsistent_message(inst, observations))
+            raise InconsistentObservation(_inconsistent_message(inst, answers))
         return Belief(inst, observations, alive, inst.prior[alive])
     if done:
         support, log_post = previous.support, previous.log_posterior
@@ -220,13 +261,13 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
         support = np.arange(inst.n_hypotheses)
     rows = slice(None) if support.size == inst.n_hypotheses else support
     with np.errstate(divide="ignore"):
-        for t, k in observations[done:]:
+        for t, k in new_answers:
             # The log of one column of likelihoods per observation: O(n), and no second
             # n × N × ℓ tensor of logs beside the instance.
             log_post = log_post + np.log(inst.likelihood[rows, t, k])
     top = log_post.max() if log_post.size else -np.inf
     if not np.isfinite(top):
-        raise InconsistentObservation(_inconsistent_message(inst, observations))
+        raise InconsistentObservation(_inconsistent_message(inst, answers))
     finite = log_post > -np.inf
     if not finite.all():
         # Rows of probability 0 (log −∞) stay there whatever comes next: no need to carry them.

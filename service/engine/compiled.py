@@ -58,6 +58,10 @@ class CompiledInstance:
     decision_labels: tuple[str, ...] = ()
     acceptable: np.ndarray | None = None  # (n, D) bool
     loss: np.ndarray | None = None  # (n, D) float64 >= 0
+    # Tests a session may ask again (likelihood instances only); None: none may be.
+    repeatable: np.ndarray | None = None  # (N,) bool
+    # Whether a skipped test's cost counts towards the cost spent.
+    skip_charged: bool = False
 
     @property
     def kind(self) -> str:
@@ -119,6 +123,13 @@ class CompiledInstance:
         return tuple({label: k for k, label in enumerate(labels)} for labels in self.outcome_labels)
 
     @cached_property
+    def repeatable_tests(self) -> np.ndarray:
+        """(N,) bool: the tests a session may ask again."""
+        if self.repeatable is None:
+            return np.zeros(self.n_tests, dtype=bool)
+        return self.repeatable
+
+    @cached_property
     def likelihood_by_outcome(self) -> np.ndarray:
         """``likelihood`` as a C-contiguous (n, ℓ, N) array: a free view for compiled instances,
         a one-off copy (cached) for a tensor built another way, e.g. decoded (n, N, ℓ) bytes."""
@@ -166,6 +177,11 @@ class CompiledInstance:
                     canonical = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
                     put(f"{canonical.dtype.str}{canonical.shape}".encode())
                     put(canonical.tobytes())
+        # Only when set, so instances without them keep the ids they always had.
+        if self.repeatable_tests.any():
+            put(b"repeatable" + np.flatnonzero(self.repeatable_tests).astype("<i8").tobytes())
+        if self.skip_charged:
+            put(b"skip_cost=charged")
         return digest.hexdigest()
 
 
@@ -345,6 +361,9 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
         decision_labels=decision_labels,
         acceptable=acceptable,
         loss=loss,
+        repeatable=np.array([t.repeatable for t in instance.tests]) if any(t.repeatable for t in instance.tests)
+        else None,
+        skip_charged=instance.skip_cost == "charged",
     )
     if acceptable is not None:
         check_decision_work(acceptable, n_tests, compiled.max_outcomes, max_cells)

@@ -7,9 +7,9 @@ from enum import StrEnum
 
 import numpy as np
 
-from .belief import Belief, Observation, observe
+from .belief import Belief, Observation, OutcomeStats, observe
 from .compiled import CompiledInstance
-from .errors import PolicyNotApplicable, StopRuleNotApplicable, UnknownPolicy
+from .errors import InfeasibleComputation, PolicyNotApplicable, StopRuleNotApplicable, UnknownPolicy
 from .policies import POLICIES, Policy, ec2_gain
 from .regions import decided_by_all, decision_posterior, expected_loss
 
@@ -25,6 +25,10 @@ BUDGET_TOLERANCE = 1e-12
 TIE_TOLERANCE = 1e-9
 # A likelihood instance never becomes certain; with no stop rule given it stops here.
 DEFAULT_LIKELIHOOD_CONFIDENCE = 0.95
+# Work limits of a batch choice (greedy_batch), checked by check_batch before a session starts:
+# conditioned beliefs evaluated per step, and cells (hypotheses × tests) they pass over.
+MAX_BATCH_BRANCHES = 4096
+MAX_BATCH_CELLS = 200_000_000
 
 
 class StopReason(StrEnum):
@@ -69,6 +73,9 @@ class Decision:
     stop_reason: StopReason | None
     # Each test's score in the policy's own units divided by cost; NaN where not eligible.
     scores: np.ndarray
+    # A page of distinct tests to ask together, best first (``next_test`` is the first); empty
+    # when the run stops. One test unless a batch size above 1 was asked for.
+    batch: tuple[int, ...] = ()
 
     @property
     def done(self) -> bool:
@@ -106,9 +113,19 @@ def resolve_policy(inst: CompiledInstance, name: str | None) -> Policy:
     return policy
 
 
-def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed: int = 0) -> Decision:
+def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed: int = 0,
+           excluded: np.ndarray | None = None, batch_size: int = 1) -> Decision:
     """Stop with the first reason that applies (in the order of :class:`StopReason`), else the
-    eligible test maximising gain / cost; ties go to the earliest test in instance order."""
+    eligible test maximising gain / cost; ties go to the earliest test in instance order.
+
+    A test is *open* while it can still be answered: never answered, or repeatable. It is
+    *available* when open, not skipped and not ``excluded`` ((N,) bool, tests that cannot be run
+    here). Only available tests are proposed; when informative tests remain open but none is
+    available (the respondent skipped them, the clinic lacks them) the stop is
+    ``no_informative_test``, and ``tests_exhausted`` means every test was answered.
+
+    With ``batch_size`` k > 1, :attr:`Decision.batch` extends the choice greedily on the batch's
+    joint outcomes (:func:`greedy_batch`)."""
     inst = belief.instance
     scores = np.full(inst.n_tests, np.nan)
     if rules.max_expected_loss is not None and inst.loss is None:
@@ -127,9 +144,14 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
             return stop(StopReason.DETERMINED)
         if confidence is not None and belief.class_posterior.max() >= confidence:
             return stop(StopReason.CONFIDENCE_REACHED)
-    if rules.max_tests is not None and len(belief.observations) >= rules.max_tests:
+    answered = len(belief.answers)
+    if rules.max_tests is not None and answered >= rules.max_tests:
         return stop(StopReason.MAX_TESTS)
     unrun = ~belief.run_tests
+    open_tests = unrun | inst.repeatable_tests
+    available = open_tests & ~belief.skipped_tests
+    if excluded is not None:
+        available &= ~excluded
     # One pass over the alive cells computes what the policy reads (and, on deterministic
     # instances, what the indistinguishability check reads: Δ_EC needs Σ_i a²).
     class_edges = inst.kind == "deterministic" and not policy.decision
@@ -146,30 +168,154 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
         # sums give p(x) as sums of positive masses, exactly 0 for an outcome nobody in V gives.
         if not ((stats.p[unrun] > 0).sum(axis=1) >= 2).any():
             return stop(StopReason.INDISTINGUISHABLE)
-    if not unrun.any():
+    if not open_tests.any():
         return stop(StopReason.TESTS_EXHAUSTED)
     gain = policy.gain(stats)
-    eligible = unrun.copy()
+    eligible = available.copy()
     if rules.max_cost is not None:
         eligible &= belief.cost_spent + inst.costs <= rules.max_cost * (1 + BUDGET_TOLERANCE)
-        if not eligible.any():
+        if available.any() and not eligible.any():
             return stop(StopReason.BUDGET_EXHAUSTED)
     informative = eligible & (gain > ZERO_GAIN)
     scale = belief.total_mass ** policy.score_power
     scores[eligible] = np.maximum(gain[eligible], 0.0) * scale / inst.costs[eligible]
     if not informative.any():
-        beyond_budget = unrun & ~eligible & (gain > ZERO_GAIN)
+        beyond_budget = available & ~eligible & (gain > ZERO_GAIN)
         return stop(StopReason.BUDGET_EXHAUSTED if beyond_budget.any() else StopReason.NO_INFORMATIVE_TEST)
 
     if policy.seeded:
         # Seeded by (seed, step) so a replay of the same observations picks the same test.
         candidates = np.flatnonzero(informative)
         rng = np.random.default_rng([seed, len(belief.observations)])
-        return Decision(belief, int(rng.choice(candidates)), None, scores)
+        chosen = int(rng.choice(candidates))
+        batch: tuple[int, ...] = (chosen,)
+        if batch_size > 1:
+            rest = rng.permutation(candidates[candidates != chosen]).tolist()
+            batch = _fit_batch(belief, rules, [chosen, *rest], batch_size)
+        return Decision(belief, chosen, None, scores, batch)
     ratio = np.where(informative, gain / inst.costs, -np.inf)
+    chosen = _earliest_best(ratio)
+    batch = (chosen,)
+    if batch_size > 1:
+        batch = greedy_batch(belief, policy, rules, stats, chosen, eligible, batch_size)
+    return Decision(belief, chosen, None, scores, batch)
+
+
+def _earliest_best(ratio: np.ndarray) -> int:
     best = ratio.max()
-    chosen = int(np.flatnonzero(ratio >= best - TIE_TOLERANCE * abs(best))[0])
-    return Decision(belief, chosen, None, scores)
+    return int(np.flatnonzero(ratio >= best - TIE_TOLERANCE * abs(best))[0])
+
+
+def _batch_room(belief: Belief, rules: StopRules, batch_size: int) -> tuple[int, float]:
+    """How many tests a batch may hold and what they may cost together under the stop rules."""
+    room = batch_size
+    if rules.max_tests is not None:
+        room = min(room, rules.max_tests - len(belief.answers))
+    budget = np.inf if rules.max_cost is None else rules.max_cost * (1 + BUDGET_TOLERANCE) - belief.cost_spent
+    return room, budget
+
+
+def _fit_batch(belief: Belief, rules: StopRules, ranked: list[int], batch_size: int) -> tuple[int, ...]:
+    """The first tests of ``ranked`` (the first always) that fit the batch's room and budget."""
+    room, budget = _batch_room(belief, rules, batch_size)
+    costs = belief.instance.costs
+    batch, spent = [ranked[0]], float(costs[ranked[0]])
+    for t in ranked[1:]:
+        if len(batch) >= room:
+            break
+        if spent + costs[t] <= budget:
+            batch.append(t)
+            spent += float(costs[t])
+    return tuple(batch)
+
+
+def batch_branches_bound(inst: CompiledInstance, batch_size: int) -> int:
+    """An upper bound on the conditioned beliefs :func:`greedy_batch` evaluates: layer j holds
+    at most one per joint outcome of the first j tests (≤ the product of the j largest arities),
+    and on a deterministic instance at most one per hypothesis (the outcomes partition V)."""
+    arities = sorted((len(labels) for labels in inst.outcome_labels), reverse=True)
+    total, joint = 0, 1
+    for j in range(min(batch_size, inst.n_tests) - 1):
+        joint *= arities[j]
+        layer = min(joint, inst.n_hypotheses) if inst.kind == "deterministic" else joint
+        total += layer
+        if total > 10 * MAX_BATCH_BRANCHES:
+            break  # far enough past the limit
+    return total
+
+
+def check_batch(inst: CompiledInstance, batch_size: int) -> None:
+    """Refuse a batch size whose greedy selection could exceed the work limits, before any
+    step is run (a session must not be able to reach a step it cannot compute)."""
+    if batch_size <= 1:
+        return
+    branches = batch_branches_bound(inst, batch_size)
+    if branches > MAX_BATCH_BRANCHES:
+        raise InfeasibleComputation(
+            f"batch_size {batch_size} on this instance could need {branches} conditioned beliefs per "
+            f"step (one per joint outcome of the batch); the limit (MAX_BATCH_BRANCHES) is "
+            f"{MAX_BATCH_BRANCHES}: ask for a smaller batch")
+    # Each conditioned belief costs one α pass over its alive hypotheses. On a deterministic
+    # instance a layer's beliefs partition V, so a layer is one pass; on a likelihood instance
+    # every belief keeps every hypothesis.
+    passes = min(batch_size, inst.n_tests) - 1 if inst.kind == "deterministic" else branches
+    cells = passes * inst.n_hypotheses * inst.n_tests
+    if cells > MAX_BATCH_CELLS:
+        raise InfeasibleComputation(
+            f"batch_size {batch_size} on this {inst.n_hypotheses}×{inst.n_tests} instance could need "
+            f"{cells} cells of work per step; the limit (MAX_BATCH_CELLS) is {MAX_BATCH_CELLS}: "
+            "ask for a smaller batch")
+
+
+def greedy_batch(belief: Belief, policy: Policy, rules: StopRules, stats: OutcomeStats, first: int,
+                 eligible: np.ndarray, batch_size: int) -> tuple[int, ...]:
+    """A page of tests chosen greedily on their joint outcomes (Chen & Krause, ICML 2013).
+
+    The policy's objective of observing a set S at once is f(S) = U(x_A) − E_{x_S}[U(x_A, x_S)],
+    the expected improvement over the joint outcomes x_S (edges cut for EC², Rényi-2 gain for
+    EffECXtive, entropy reduction for infogain, …). Given the batch B so far, the next member
+    maximises the marginal gain per unit cost
+
+        f(B ∪ {t}) − f(B) = Σ_{x_B} P(x_B | x_A) · Δ_t(x_A, x_B),
+
+    the single-test gain Δ_t in the belief conditioned on each joint outcome x_B, weighted by its
+    probability. Units: in the conditioned belief Δ_t = gain · M(x_B)^power with M(x_B) =
+    q(x_B)·M, so each branch weighs q^(power+1) in units of M^power (constant over t).
+
+    B starts with ``first``, the single-step choice, so ``next_test`` does not depend on k. A
+    member must be ``eligible``, distinct, within the remaining test count and budget, and add a
+    positive marginal gain; the batch is shorter when fewer do.
+    """
+    inst = belief.instance
+    room, budget = _batch_room(belief, rules, batch_size)
+    batch = [first]
+    spent = float(inst.costs[first])
+    in_batch = np.zeros(inst.n_tests, dtype=bool)
+    in_batch[first] = True
+    # (belief, q(x_B), its outcome statistics) for every joint outcome x_B of positive probability.
+    branches: list[tuple[Belief, float, OutcomeStats]] = [(belief, 1.0, stats)]
+    while len(batch) < room:
+        last = batch[-1]
+        grown = []
+        for branch, q, branch_stats in branches:
+            for k in range(len(inst.outcome_labels[last])):
+                q_child = q * float(branch_stats.p[last, k])
+                if q_child <= ZERO_GAIN:
+                    continue
+                child = observe(inst, (*branch.observations, (last, k)), branch)  # carried forward
+                grown.append((child, q_child, child.outcome_stats(policy.statistics)))
+        branches = grown
+        marginal = np.zeros(inst.n_tests)
+        for _, q, branch_stats in branches:
+            marginal += q ** (policy.score_power + 1) * np.maximum(policy.gain(branch_stats), 0.0)
+        candidates = eligible & ~in_batch & (inst.costs <= budget - spent) & (marginal > ZERO_GAIN)
+        if not candidates.any():
+            break
+        chosen = _earliest_best(np.where(candidates, marginal / inst.costs, -np.inf))
+        batch.append(chosen)
+        in_batch[chosen] = True
+        spent += float(inst.costs[chosen])
+    return tuple(batch)
 
 
 def _decided(belief: Belief, confidence: float | None, max_expected_loss: float | None) -> bool:
@@ -207,6 +353,8 @@ def next_step(
     policy: str | None = None,
     rules: StopRules = StopRules(),
     seed: int = 0,
+    excluded: np.ndarray | None = None,
+    batch_size: int = 1,
 ) -> Decision:
     """Observations (parsed indices) in, decision out: the whole engine in one call."""
-    return decide(observe(inst, observations), resolve_policy(inst, policy), rules, seed)
+    return decide(observe(inst, observations), resolve_policy(inst, policy), rules, seed, excluded, batch_size)

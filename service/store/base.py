@@ -13,7 +13,8 @@ Updates are compare-and-set on the version: two workers can never both apply a s
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field, replace
+import re
+from dataclasses import dataclass, replace
 
 from service.engine import CompiledInstance
 
@@ -29,16 +30,50 @@ class SessionRecord:
     max_cost: float | None = None
     confidence: float | None = None
     seed: int = 0
-    # Observations by label, in the order they were applied: [(test_id, outcome_label), ...].
-    observations: tuple[tuple[str, str], ...] = ()
+    # Observations by label, in the order they were applied: [(test_id, outcome_label), ...];
+    # the outcome of a skipped test is None.
+    observations: tuple[tuple[str, str | None], ...] = ()
     version: int = 1
     created_at: float = 0.0  # unix seconds
     expires_at: float = 0.0  # unix seconds; slides forward on every read and write
     tenant: str = DEFAULT_TENANT
     max_expected_loss: float | None = None  # decision instances with losses
+    # Tests never to propose in this session, and how many to propose at once.
+    exclude_tests: tuple[str, ...] = ()
+    batch_size: int = 1
 
-    def with_observations(self, observations: tuple[tuple[str, str], ...]) -> SessionRecord:
+    def with_observations(self, observations: tuple[tuple[str, str | None], ...]) -> SessionRecord:
         return replace(self, observations=observations, version=self.version + 1)
+
+
+@dataclass(frozen=True)
+class StoredInstance:
+    """What a listing shows of one stored instance."""
+
+    instance_id: str
+    kind: str
+    n_hypotheses: int
+    n_tests: int
+    n_classes: int
+    created_at: float  # unix seconds, when this content was first stored (again after a delete)
+
+    @property
+    def cursor(self) -> str:
+        """Its place in a listing (creation order, then id); opaque to clients."""
+        return listing_position(self.created_at, self.instance_id)
+
+    @staticmethod
+    def of(instance: CompiledInstance, created_at: float) -> StoredInstance:
+        return StoredInstance(instance.content_hash, instance.kind, instance.n_hypotheses, instance.n_tests,
+                              instance.n_classes, created_at)
+
+
+def listing_position(created_at: float, instance_id: str) -> str:
+    """Sorts as text in creation order: milliseconds, zero-padded, then the id."""
+    return f"{round(created_at * 1000):015d}:{instance_id}"
+
+
+LISTING_CURSOR = re.compile(r"^[0-9]{15}:[0-9a-f]{64}$")
 
 
 class StoreUnavailable(RuntimeError):
@@ -91,6 +126,22 @@ class SessionStore(abc.ABC):
     def get_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> CompiledInstance | None:
         """The compiled instance, or None when unknown or expired (served from a per-process
         byte-bounded LRU when possible)."""
+
+    @abc.abstractmethod
+    def list_instances(self, tenant: str = DEFAULT_TENANT, limit: int = 50,
+                       after: str | None = None) -> tuple[list[StoredInstance], str | None]:
+        """The tenant's live instances in creation order, at most ``limit`` of them, starting
+        after the listing position ``after`` (a previous page's cursor); and the cursor of the
+        next page, None when this one is the last."""
+
+    @abc.abstractmethod
+    def delete_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        """Remove the instance and remember for its TTL that it was deleted (so its sessions can
+        say so); True if it existed. Storing the same content again brings it back."""
+
+    @abc.abstractmethod
+    def instance_deleted(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        """Whether the instance was deleted (and not stored again) within its TTL."""
 
     @abc.abstractmethod
     def create_session(self, record: SessionRecord) -> None:

@@ -93,6 +93,11 @@ def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
     }
     if instance.is_decision:  # class instances keep the header they always had
         header["decision_labels"] = instance.decision_labels
+    # Written only when set, so instances without them encode as they always did.
+    if instance.repeatable_tests.any():
+        header["repeatable"] = np.flatnonzero(instance.repeatable_tests).tolist()
+    if instance.skip_charged:
+        header["skip_cost"] = "charged"
     body = b"".join(chunks)
     header["checksum"] = _checksum(orjson.dumps(header), body)
     return orjson.dumps(header), body
@@ -133,6 +138,8 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         warnings = _labels(header["warnings"])
         decision_labels = _labels(header["decision_labels"]) if "decision_labels" in header else ()
         kind, stated_hash, descriptors = header["kind"], header["content_hash"], header["arrays"]
+        repeatable_indices = header.get("repeatable", [])
+        skip_cost = header.get("skip_cost", "free")
     except (KeyError, TypeError) as exc:
         raise CorruptInstance(f"instance header lacks or mistypes a field: {exc}") from None
     if expected_hash is not None and stated_hash != expected_hash:
@@ -201,6 +208,15 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
     acceptable = arrays.get("acceptable")
     if acceptable is not None and ((acceptable > 1).any() or not acceptable.any(axis=1).all()):
         raise CorruptInstance("the acceptance matrix must be 0/1 with a 1 in every row")
+    if (not isinstance(repeatable_indices, list)
+            or not all(type(t) is int and 0 <= t < n_tests for t in repeatable_indices)):
+        raise CorruptInstance("instance header's repeatable tests are not test indices")
+    if skip_cost not in ("free", "charged"):
+        raise CorruptInstance(f"unknown skip_cost {skip_cost!r}")
+    repeatable = None
+    if repeatable_indices:
+        repeatable = np.zeros(n_tests, dtype=bool)
+        repeatable[repeatable_indices] = True
 
     instance = CompiledInstance(
         test_ids=test_ids,
@@ -217,6 +233,8 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         decision_labels=decision_labels,
         acceptable=None if acceptable is None else acceptable.astype(bool),
         loss=arrays.get("loss"),
+        repeatable=repeatable,
+        skip_charged=skip_cost == "charged",
     )
     if checksum is not None:
         instance.__dict__["content_hash"] = stated_hash  # vouched for by the checksum

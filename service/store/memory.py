@@ -32,6 +32,7 @@ from .base import (
     Quotas,
     SessionRecord,
     SessionStore,
+    StoredInstance,
     StoreUnavailable,
     VersionConflict,
 )
@@ -54,6 +55,9 @@ class MemoryStore(SessionStore):
         self._last_sweep = clock()
         # Values are (payload, expires_at).
         self._instances: dict[tuple[str, str], tuple[CompiledInstance, float]] = {}
+        self._deleted: dict[tuple[str, str], tuple[bool, float]] = {}
+        # When each stored instance was first stored (kept beside it, dropped with it).
+        self._created_at: dict[tuple[str, str], float] = {}
         self._sessions: dict[tuple[str, str], tuple[SessionRecord, float]] = {}
         self._idempotency: dict[tuple[str, str], tuple[str, float]] = {}
         # Per-tenant usage, kept in step with the tables by _forget: [instances, bytes, sessions].
@@ -77,6 +81,9 @@ class MemoryStore(SessionStore):
                 usage[1] += size
             stored = current[0] if current is not None else instance
             self._instances[key] = (stored, now + self.instance_ttl)
+            if current is None:
+                self._created_at[key] = now
+                self._deleted.pop(key, None)
             return current is None
 
     def get_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> CompiledInstance | None:
@@ -88,6 +95,33 @@ class MemoryStore(SessionStore):
                 return None
             self._instances[key] = (current[0], now + self.instance_ttl)
             return current[0]
+
+    def list_instances(self, tenant: str = DEFAULT_TENANT, limit: int = 50,
+                       after: str | None = None) -> tuple[list[StoredInstance], str | None]:
+        with self._lock:
+            now = self._tick()
+            listed = [StoredInstance.of(instance, self._created_at[key])
+                      for key, (instance, expires_at) in self._instances.items()
+                      if key[0] == tenant and expires_at > now]
+        listed.sort(key=lambda item: item.cursor)
+        if after is not None:
+            listed = [item for item in listed if item.cursor > after]
+        page = listed[:limit]
+        return page, page[-1].cursor if len(listed) > limit else None
+
+    def delete_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        key = (tenant, instance_id)
+        with self._lock:
+            now = self._tick()
+            existed = self._live(self._instances, key, now) is not None
+            if existed:
+                self._forget(self._instances, key)
+                self._deleted[key] = (True, now + self.instance_ttl)
+            return existed
+
+    def instance_deleted(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        with self._lock:
+            return self._live(self._deleted, (tenant, instance_id), self._tick()) is not None
 
     # --- sessions ----------------------------------------------------------------------------
 
@@ -179,7 +213,7 @@ class MemoryStore(SessionStore):
         return now
 
     def _sweep(self, now: float) -> None:
-        for table in (self._instances, self._sessions, self._idempotency):
+        for table in (self._instances, self._deleted, self._sessions, self._idempotency):
             for key in [k for k, (_, expires_at) in table.items() if expires_at <= now]:
                 self._forget(table, key)
         self._last_sweep = now
@@ -197,6 +231,7 @@ class MemoryStore(SessionStore):
         if table is self._instances:
             self._usage[tenant][0] -= 1
             self._usage[tenant][1] -= self._instance_bytes.pop(key)
+            self._created_at.pop(key, None)
         elif table is self._sessions:
             self._usage[tenant][2] -= 1
 

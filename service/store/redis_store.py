@@ -7,6 +7,9 @@ percent-encoded, so none of them can contain ``{``, ``}`` or ``:``)::
     P:{s:<tenant>:<session id>}:state       hash  version → "<n>", record → JSON SessionRecord
     P:{k:<tenant>:<idempotency key>}:idem   string  the session id the key is bound to
     P:{q:<tenant>}:<counted>:quota          zset / hash  the tenant's quota counters (one slot per tenant)
+    P:{i:<tenant>:<content hash>}:gone      string  the instance was deleted (TTL: the instance's)
+    P:{l:<tenant>}:instances                zset    listing positions "<created ms>:<hash>", all
+                                                    score 0 (ordered as text: creation order)
 
 The ``{…}`` part is the Redis Cluster hash tag: every key belonging to one session (the state
 today; anything later added for it must reuse ``{s:<tenant>:<sid>}``) lands in one slot, so the
@@ -27,6 +30,10 @@ Consistency and lifetimes
   instance on every step, and each worker re-confirms (PEXPIRE) a cached instance at least every
   ``min(60 s, session_ttl / 4)``, so an instance outlives every session that still uses it.
 * Idempotency keys: ``SET NX GET EX session_ttl`` (Redis ≥ 7.0) binds and reads in one command.
+* The listing index is a hint kept beside the instances (another slot, so never in their
+  transaction): a new instance is added after it is stored, and a position whose instance has
+  expired is dropped when a listing meets it. The instance hash's ``summary`` field (counts and
+  ``created_at``) is what a listing shows, so a page never reads headers or arrays.
 
 Worker cache: a byte-bounded LRU (:mod:`.cache`) of decoded instances, so a step does not
 re-download and re-hash the matrix; a hit costs no Redis round trip, except the periodic
@@ -60,6 +67,7 @@ idempotent in the API), so nothing is doubled.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from urllib.parse import quote
@@ -77,6 +85,7 @@ from .base import (
     Quotas,
     SessionRecord,
     SessionStore,
+    StoredInstance,
     StoreFull,
     StoreUnavailable,
     VersionConflict,
@@ -151,7 +160,8 @@ return record
 """
 
 _RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost", "confidence", "seed",
-                  "observations", "version", "created_at", "tenant", "max_expected_loss")
+                  "observations", "version", "created_at", "tenant", "max_expected_loss", "exclude_tests",
+                  "batch_size")
 
 
 class RedisStore(SessionStore):
@@ -200,6 +210,12 @@ class RedisStore(SessionStore):
         """``counted``: instances, instance-bytes or sessions (one slot per tenant)."""
         return f"{self.key_prefix}:{{q:{_part(tenant)}}}:{counted}:quota"
 
+    def deleted_key(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> str:
+        return f"{self.key_prefix}:{{i:{_part(tenant)}:{_part(instance_id)}}}:gone"
+
+    def listing_key(self, tenant: str = DEFAULT_TENANT) -> str:
+        return f"{self.key_prefix}:{{l:{_part(tenant)}}}:instances"
+
     # --- instances ---------------------------------------------------------------------------
 
     def put_instance(self, instance: CompiledInstance, tenant: str = DEFAULT_TENANT) -> bool:
@@ -212,17 +228,23 @@ class RedisStore(SessionStore):
             else:
                 self._admit_instance(instance, tenant)
                 header, body = codec.encode(instance)
+                listed = StoredInstance.of(instance, time.time())
                 # MULTI/EXEC, not Lua: a script would copy a body of hundreds of MB into Lua
                 # strings. Existing keys always hold both fields, so the first HSETNX alone says
                 # whether this is new, and a reader never sees a header without its body.
                 try:
                     created = bool(self._write(key, [("HSETNX", key, "header", header),
                                                      ("HSETNX", key, "body", body),
-                                                     ("PEXPIRE", key, self._instance_ttl_ms)],
+                                                     ("HSETNX", key, "summary", orjson.dumps(dataclasses.asdict(listed))),
+                                                     ("PEXPIRE", key, self._instance_ttl_ms),
+                                                     ("DEL", self.deleted_key(instance.content_hash, tenant))],
                                                bulk=True, atomic=True)[0])
                 except (redis.exceptions.RedisError, StoreUnavailable):
                     self._forget_instance(instance.content_hash, tenant)  # admitted, never stored
                     raise
+                if created:
+                    self.round_trips += 1
+                    self._redis.get().zadd(self.listing_key(tenant), {listed.cursor: 0})
         self.cache.put((tenant, instance.content_hash), instance, time.monotonic())
         return created
 
@@ -263,6 +285,68 @@ class RedisStore(SessionStore):
             return None
         self.cache.put(cache_key, instance, now)
         return instance
+
+    def list_instances(self, tenant: str = DEFAULT_TENANT, limit: int = 50,
+                       after: str | None = None) -> tuple[list[StoredInstance], str | None]:
+        index = self.listing_key(tenant)
+        page: list[StoredInstance] = []
+        position = after
+        # One more than a page tells whether another page follows; stale positions are skipped
+        # (and dropped), so a page may take a few round trips.
+        while len(page) <= limit:
+            wanted = limit + 1 - len(page)
+            with self._guard():
+                self.round_trips += 1
+                client = self._redis.get()
+                positions = [p.decode() for p in client.zrangebylex(
+                    index, "-" if position is None else f"({position}", "+", 0, wanted)]
+                if not positions:
+                    break
+                pipe = client.pipeline(transaction=False)  # the instances' slots differ: no transaction
+                for p in positions:
+                    pipe.hget(self.instance_key(p.split(":", 1)[1], tenant), "summary")
+                self.round_trips += 1
+                summaries = pipe.execute()
+                stale = []
+                for p, summary in zip(positions, summaries):
+                    item = None if summary is None else StoredInstance(**orjson.loads(summary))
+                    if item is None or item.cursor != p:
+                        stale.append(p)  # expired, or deleted and stored again under a newer position
+                    else:
+                        page.append(item)
+                if stale:
+                    self.round_trips += 1
+                    client.zrem(index, *stale)
+            if len(positions) < wanted:
+                break
+            position = positions[-1]
+        return page[:limit], page[limit - 1].cursor if len(page) > limit else None
+
+    def delete_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        key = self.instance_key(instance_id, tenant)
+        with self._guard():
+            pipe = self._redis.get().pipeline(transaction=False)
+            pipe.hget(key, "summary")
+            pipe.exists(key)
+            self.round_trips += 1
+            summary, exists = pipe.execute()
+            if not exists:
+                return False
+            # The tombstone shares the instance's slot, so both change in one transaction.
+            existed = bool(self._write(key, [("DEL", key), ("SET", self.deleted_key(instance_id, tenant), b"1",
+                                                            "PX", self._instance_ttl_ms)], atomic=True)[0])
+            if summary is not None:
+                self.round_trips += 1
+                self._redis.get().zrem(self.listing_key(tenant), StoredInstance(**orjson.loads(summary)).cursor)
+        self.cache.discard((tenant, instance_id))
+        if existed:
+            self._forget_instance(instance_id, tenant)  # no longer counts against the quotas
+        return existed
+
+    def instance_deleted(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        with self._guard():
+            self.round_trips += 1
+            return bool(self._redis.get().exists(self.deleted_key(instance_id, tenant)))
 
     # --- sessions ----------------------------------------------------------------------------
 
@@ -506,9 +590,12 @@ _TEXT, _COUNT, _NUMBER = (str,), (int,), (int, float)
 # Field → the JSON types it may have (bool is an int in Python: refused separately).
 _RECORD_TYPES = {"session_id": _TEXT, "instance_id": _TEXT, "policy": _TEXT, "max_tests": _COUNT,
                  "max_cost": _NUMBER, "confidence": _NUMBER, "seed": _COUNT, "observations": (list,),
-                 "version": _COUNT, "created_at": _NUMBER, "tenant": _TEXT, "max_expected_loss": _NUMBER}
+                 "version": _COUNT, "created_at": _NUMBER, "tenant": _TEXT, "max_expected_loss": _NUMBER,
+                 "exclude_tests": (list,), "batch_size": _COUNT}
 # May be null, or absent from records written before the field existed.
 _OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence", "max_expected_loss"}
+# Absent from records written before the field existed: read as these.
+_FIELD_DEFAULTS = {"exclude_tests": [], "batch_size": 1}
 
 
 def _decode_record(raw: bytes, expires_at: float) -> SessionRecord:
@@ -522,7 +609,7 @@ def _decode_record(raw: bytes, expires_at: float) -> SessionRecord:
         raise CorruptRecord("session record is not a JSON object")
     decoded = {}
     for name in _RECORD_FIELDS:
-        value = fields.get(name)
+        value = fields.get(name, _FIELD_DEFAULTS.get(name))
         if value is None and name in _OPTIONAL_FIELDS:
             decoded[name] = None
             continue
@@ -530,9 +617,14 @@ def _decode_record(raw: bytes, expires_at: float) -> SessionRecord:
             raise CorruptRecord(f"session record field {name!r} is missing or mistyped")
         decoded[name] = value
     observations = decoded["observations"]
-    if not all(isinstance(o, list) and len(o) == 2 and all(isinstance(x, str) for x in o) for o in observations):
+    # The outcome of a skipped test is null.
+    if not all(isinstance(o, list) and len(o) == 2 and isinstance(o[0], str) and (o[1] is None or isinstance(o[1], str))
+               for o in observations):
         raise CorruptRecord("session record observations are not [test, outcome] pairs")
     if decoded["version"] < 1:
         raise CorruptRecord("session record version is below 1")
+    if not all(isinstance(t, str) for t in decoded["exclude_tests"]) or decoded["batch_size"] < 1:
+        raise CorruptRecord("session record exclude_tests / batch_size are mistyped")
     decoded["observations"] = tuple((t, o) for t, o in observations)
+    decoded["exclude_tests"] = tuple(decoded["exclude_tests"])
     return SessionRecord(**decoded, expires_at=expires_at)
