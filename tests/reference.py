@@ -15,6 +15,7 @@ The stop rules of the issue are re-stated in :func:`decide` in their documented 
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass, field
@@ -399,3 +400,70 @@ def optimal_cost(model: Model) -> float:
         return best
 
     return solve(frozenset(h for h in range(model.n) if prior[h] > 0))
+
+
+# --- a page of tests: the objective of a set observed together (Chen & Krause, ICML 2013) ----
+
+
+def joint_probability(model: Model, h: int, tests: list[int], outcomes: tuple[int, ...]) -> float:
+    """P(X_S = x_S | h): the tests' answers are independent given the hypothesis."""
+    return math.prod(model.p_outcome(h, t, k) for t, k in zip(tests, outcomes))
+
+
+def joint_gain(model: Model, observations: list[Observation], tests: list[int], policy: str) -> float:
+    """f(S), the policy's objective when the tests S are observed at once, by enumerating every
+    joint outcome x_S (the single-test criteria above with X_t replaced by X_S)."""
+    mass = version_space_mass(model, observations)
+    total = sum(mass)
+    post = posterior(mass)
+    joint = []  # (P(x_S | x_A), P(h | x_A, x_S) or None, Σ_h mass(h) P(x_S | h))
+    for outcomes in itertools.product(*(range(model.arity[t]) for t in tests)):
+        likelihood = [joint_probability(model, h, tests, outcomes) for h in range(model.n)]
+        p_x = sum(post[h] * likelihood[h] for h in range(model.n))
+        after = None if p_x <= 0 else [post[h] * likelihood[h] / p_x for h in range(model.n)]
+        joint.append((p_x, after, sum(mass[h] * likelihood[h] for h in range(model.n)), likelihood))
+    if policy == "ec2":
+        alive = [h for h in range(model.n) if mass[h] > 0]
+        edges = [(h, g, mass[h] * mass[g]) for i, h in enumerate(alive) for g in alive[i + 1:]
+                 if model.classes[h] != model.classes[g]]
+        # An edge stays uncut under x_S only when both ends agree with x_S.
+        return sum(p_x * sum(w for h, g, w in edges if likelihood[h] == 0 or likelihood[g] == 0)
+                   for p_x, _, _, likelihood in joint if p_x > 0)
+    if policy == "gbs":
+        return total - sum(p_x * kept for p_x, _, kept, _ in joint)
+    if policy == "uncertainty":
+        return entropy_bits(p_x for p_x, _, _, _ in joint)
+    value_of = {
+        "effecxtive": lambda dist: sum(p * p for p in dist.values()),
+        "infogain": lambda dist: -entropy_bits(dist.values()),
+        "voi": lambda dist: -min(sum(p for c, p in dist.items() if c != d) for d in dist),
+    }[policy]
+    expected = sum(p_x * value_of(class_distribution(model, after)) for p_x, after, _, _ in joint if p_x > 0)
+    return expected - value_of(class_distribution(model, post))
+
+
+def greedy_batch(model: Model, observations: list[Observation], policy: str, size: int) -> list[int]:
+    """The first test as :func:`decide` chooses it, then each next one maximising the marginal
+    joint gain [f(B ∪ {t}) − f(B)] / c(t) among the unrun tests, earliest among ties; a member
+    must add a positive (normalised) gain."""
+    first = decide(model, observations, policy)
+    if first.test is None:
+        return []
+    batch = [first.test]
+    total = sum(version_space_mass(model, observations))
+    power = {"ec2": 2, "gbs": 1}.get(policy, 0)
+    ran = {t for t, _ in observations}
+    while len(batch) < size:
+        base = joint_gain(model, observations, batch, policy)
+        ratio = {}
+        for t in range(model.n_tests):
+            if t in ran or t in batch:
+                continue
+            marginal = joint_gain(model, observations, [*batch, t], policy) - base
+            if marginal / total ** power > ZERO:
+                ratio[t] = marginal / model.costs[t]
+        if not ratio:
+            break
+        best = max(ratio.values())
+        batch.append(next(t for t in sorted(ratio) if ratio[t] >= best - 1e-9 * abs(best)))
+    return batch

@@ -90,6 +90,75 @@ def test_tenants_do_not_see_each_others_instances_or_sessions(store_env):
     assert store.put_instance(inst, tenant="clinic-b") is True
 
 
+def variant(i: int) -> engine.CompiledInstance:
+    """Distinct content (and so a distinct id) per i: the triage instance with other priors."""
+    hypotheses = [{**h, "prior": h["prior"] + i} for h in TRIAGE["hypotheses"]]
+    return compiled({**TRIAGE, "hypotheses": hypotheses})
+
+
+def test_instances_are_listed_in_creation_order_a_page_at_a_time(store_env):
+    store = store_env.make()
+    made = []
+    for i in range(5):
+        made.append(variant(i))
+        store.put_instance(made[-1])
+        store_env.elapse(0.01)  # distinct creation times
+    store.put_instance(made[0])  # storing again keeps its first place
+    store.put_instance(variant(9), tenant="clinic-b")
+
+    pages, cursor = [], None
+    while True:
+        page, cursor = store.list_instances(limit=2, after=cursor)
+        pages.append(page)
+        if cursor is None:
+            break
+    assert [len(p) for p in pages] == [2, 2, 1]
+    listed = [item for page in pages for item in page]
+    assert [item.instance_id for item in listed] == [inst.content_hash for inst in made]
+    assert [item.created_at for item in listed] == sorted(item.created_at for item in listed)
+    first = listed[0]
+    assert (first.kind, first.n_hypotheses, first.n_tests, first.n_classes) == ("deterministic", 3, 2, 2)
+    everything, cursor = store.list_instances(limit=5)
+    assert cursor is None and len(everything) == 5  # an exact fit has no next page
+    assert [item.instance_id for item in store.list_instances(tenant="clinic-b")[0]] == [variant(9).content_hash]
+    assert store.list_instances(tenant="nobody") == ([], None)
+
+
+def test_a_deleted_instance_is_gone_remembered_and_can_be_stored_again(store_env):
+    store = store_env.make()
+    inst, kept = variant(0), variant(1)
+    store.put_instance(inst)
+    store.put_instance(kept)
+    store.put_instance(inst, tenant="clinic-b")
+    assert store.instance_deleted(inst.content_hash) is False
+
+    assert store.delete_instance(inst.content_hash) is True
+    assert store.get_instance(inst.content_hash) is None
+    assert store.instance_deleted(inst.content_hash) is True
+    assert [i.instance_id for i in store.list_instances()[0]] == [kept.content_hash]
+    assert store.delete_instance(inst.content_hash) is False  # nothing left to delete
+    assert store.instance_deleted(inst.content_hash) is True  # ... and still remembered
+    # Another tenant's copy of the same content is untouched.
+    assert store.get_instance(inst.content_hash, tenant="clinic-b") is not None
+    assert store.instance_deleted(inst.content_hash, tenant="clinic-b") is False
+    if store_env.kind == "redis":  # nor does another worker's cache serve it
+        assert store_env.make().get_instance(inst.content_hash) is None
+
+    assert store.put_instance(inst) is True  # stored anew
+    assert store.instance_deleted(inst.content_hash) is False
+    assert [i.instance_id for i in store.list_instances()[0]] == [kept.content_hash, inst.content_hash]
+    assert store.delete_instance("0" * 64) is False and store.instance_deleted("0" * 64) is False
+
+
+def test_expired_instances_leave_the_listing(store_env):
+    store = store_env.make(session_ttl=1)  # instances live 2 s
+    store.put_instance(variant(0))
+    store_env.elapse(1.0)
+    store.put_instance(variant(1))
+    store_env.elapse(1.3)  # the first has expired, the second has not
+    assert [i.instance_id for i in store.list_instances()[0]] == [variant(1).content_hash]
+
+
 # --- Sessions --------------------------------------------------------------------------------
 
 
@@ -110,6 +179,18 @@ def test_session_create_get_update_delete(store_env):
     assert store.delete_session("s-1") is True
     assert store.get_session("s-1") is None
     assert store.delete_session("s-1") is False
+
+
+def test_skips_exclusions_and_batch_size_round_trip(store_env):
+    store = store_env.make()
+    record = session(exclude_tests=("troponin",), batch_size=3)
+    store.create_session(record)
+    step = record.with_observations((("ecg", "abnormal"), ("troponin", None)))
+    store.update_session(step, expected_version=1)
+    reader = store_env.make() if store_env.kind == "redis" else store  # another worker reads it back
+    got = reader.get_session("s-1")
+    assert replace(got, expires_at=0.0) == replace(step, expires_at=0.0)
+    assert got.exclude_tests == ("troponin",) and isinstance(got.exclude_tests, tuple)
 
 
 def test_stale_version_raises_and_changes_nothing(store_env):
