@@ -35,6 +35,8 @@ def snapshot(app) -> dict:
                 "sessions": {key: replace(record, expires_at=0.0) for key, (record, _) in store._sessions.items()},
                 "idempotency": {key: value for key, (value, _) in store._idempotency.items()},
                 "usage": {tenant: tuple(usage) for tenant, usage in store._usage.items() if any(usage)},
+                "deleted": set(store._deleted),
+                "created_at": dict(store._created_at),
             }
     raise TypeError(f"no snapshot for {type(store).__name__}")
 

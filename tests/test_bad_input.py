@@ -214,6 +214,38 @@ CATALOGUE = [
     Bad("unknown route", "/v1/sessions/{sid}/undo", {}, 404, "not-found"),
     Bad("wrong method", "/v1/instances", None, 405, "method-not-allowed", method="put"),
     Bad("delete an unknown session", "/v1/sessions/nope", None, 404, "session-not-found", method="delete"),
+    # --- respondents: skips, exclusions, pages, corrections, instances ---------------------
+    Bad("skip with an outcome", OBS, {"test": "ecg", "outcome": "normal", "skip": True}),
+    Bad("skip: false", OBS, {"test": "ecg", "skip": False}),
+    Bad("skip of an answered test", OBS, {"test": "troponin", "skip": True}, 409, "conflicting-observation"),
+    Bad("skip after done", "/v1/sessions/{done}/observations", {"test": "troponin", "skip": True}, 409,
+        "session-done"),
+    Bad("unknown excluded test", "/v1/sessions", {"instance_id": "{iid}", "exclude_tests": ["mri"]}, 422,
+        "unknown-test"),
+    Bad("select: unknown excluded test", "/v1/select", {"instance_id": "{iid}", "exclude_tests": ["mri"]}, 422,
+        "unknown-test"),
+    Bad("batch_size 0", "/v1/sessions", {"instance_id": "{iid}", "batch_size": 0}),
+    Bad("batch beyond the work limit", "/v1/sessions", {"instance": {
+        "tests": [{"id": f"t{j}", "outcomes": [str(k) for k in range(10)]} for j in range(6)],
+        "likelihood_matrix": [[[0.1] * 10] * 6, [[0.2, 0.8] + [0.0] * 8] * 6], "classes": ["a", "b"]},
+        "batch_size": 6}, 422, "infeasible"),
+    Bad("correct to an unknown outcome", OBS + "/troponin", {"outcome": "medium"}, 422, "unknown-outcome",
+        method="put"),
+    Bad("correct with outcome and skip", OBS + "/troponin", {"outcome": "low", "skip": True}, method="put"),
+    Bad("correct an unobserved test", OBS + "/ecg", {"outcome": "normal"}, 404, "observation-not-found",
+        method="put"),
+    Bad("correct an unknown test", OBS + "/mri", {"outcome": "x"}, 422, "unknown-test", method="put"),
+    Bad("correct on a stale If-Match", OBS + "/troponin", {"outcome": "high"}, 412, "precondition-failed",
+        method="put", headers={"If-Match": '"1"'}),
+    Bad("correct with a bad occurrence", OBS + "/troponin?occurrence=-1", {"outcome": "high"}, 400,
+        "invalid-parameter", method="put"),
+    Bad("withdraw an unobserved test", OBS + "/ecg", None, 404, "observation-not-found", method="delete"),
+    Bad("withdraw on a stale If-Match", OBS + "/troponin", None, 412, "precondition-failed", method="delete",
+        headers={"If-Match": '"1"'}),
+    Bad("list with limit 0", "/v1/instances?limit=0", None, 400, "invalid-parameter", method="get"),
+    Bad("list with a forged cursor", "/v1/instances?cursor=../x", None, 400, "invalid-parameter", method="get"),
+    Bad("delete an unknown instance", "/v1/instances/" + "0" * 64, None, 404, "instance-not-found",
+        method="delete"),
 ]
 
 
@@ -259,7 +291,8 @@ def test_each_bad_request_is_refused_and_changes_nothing(guarded, bad):
     data = bad.body if isinstance(bad.body, bytes) else orjson.dumps(_fill(bad.body, ids))
     before = snapshot(app)
     started = time.monotonic()
-    response = getattr(client, bad.method)(path, data=None if bad.method in ("put", "delete", "get") else data,
+    bodiless = bad.method in ("get", "delete") or (bad.method == "put" and bad.body is None)
+    response = getattr(client, bad.method)(path, data=None if bodiless else data,
                                            content_type=bad.content_type, headers=bad.headers)
     elapsed = time.monotonic() - started
     assert_problem(response, bad.status, bad.code)
