@@ -5,7 +5,8 @@ What is stored:
 
 * compiled instances, once per (tenant, content hash), as raw array bytes plus a JSON header
   (dtype, shape, labels) — never pickle (service/store/codec.py);
-* sessions: small records (ids, config, the observations so far, a version number).
+* sessions: small records (ids, config, the observations so far, a version number);
+* for listings, when each instance was first stored, and for a while which were deleted.
 
 Updates are compare-and-set on the version: two workers can never both apply a step.
 """

@@ -9,7 +9,9 @@ Semantics match the Redis store exactly (the contract suite runs against both):
   is bounded by what clients post within a TTL, the same as with Redis);
 * everything is keyed by tenant: another tenant's session, instance or idempotency key is simply
   not found (no existence oracle);
-* idempotency keys expire ``session_ttl`` after they were claimed.
+* idempotency keys expire ``session_ttl`` after they were claimed;
+* a deleted instance is remembered (so its sessions can say so) for the instance TTL, or until
+  the same content is stored again; listings are in creation order, then id.
 
 Expired entries are dropped when touched, and swept in full at most once per ``sweep_interval``
 seconds of the clock, so memory held by abandoned sessions is returned without a timer thread.
