@@ -27,7 +27,7 @@ from collections.abc import Iterable
 import numpy as np
 from pydantic import BaseModel
 
-from schemas.api import ObservationsRequest, SelectRequest, StepConfig
+from schemas.api import ObservationCorrection, ObservationsRequest, SelectRequest, StepConfig
 from schemas.instance import Instance
 from service.errors import ServiceError
 
@@ -98,6 +98,8 @@ def check_request(model: BaseModel) -> None:
                       "observations")
     if isinstance(model, StepConfig):
         _check_labels(model.exclude_tests, settings.max_label_length, "exclude_tests")
+    if isinstance(model, ObservationCorrection) and model.outcome is not None:
+        _check_labels([model.outcome], settings.max_label_length, "outcome")
 
 
 def _check_labels(labels: Iterable[str], limit: int, where: str) -> None:
