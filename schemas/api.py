@@ -30,6 +30,14 @@ class _Response(BaseModel):
 # --- requests -------------------------------------------------------------------------------
 
 
+# An observation carries an outcome or says it was skipped, never both (for OpenAPI; the
+# validators enforce it). A field given as null counts as absent.
+ANSWER_OR_SKIP = [
+    {"required": ["outcome"], "properties": {"outcome": {"not": {"type": "null"}}, "skip": {"type": "null"}}},
+    {"required": ["skip"], "properties": {"skip": {"const": True}, "outcome": {"type": "null"}}},
+]
+
+
 def _answer_or_skip(outcome: str | None, skip: bool | None) -> None:
     if skip is False:
         raise ValueError("'skip' can only be true; to record an answer give 'outcome' instead")
@@ -39,6 +47,8 @@ def _answer_or_skip(outcome: str | None, skip: bool | None) -> None:
 
 class ObservationIn(_Request):
     """An answer ``{test, outcome}`` or a skip ``{test, skip: true}`` (no answer was given)."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": ANSWER_OR_SKIP})
 
     test: Label
     outcome: Label | None = None
@@ -54,14 +64,14 @@ class ObservationsRequest(_Request):
     """One observation ``{test, outcome}`` / ``{test, skip: true}``, or several
     ``{observations: [...]}`` (all or nothing)."""
 
-    # The two forms, for OpenAPI's generators (the validator below enforces the same).
-    # A field given as null counts as absent, as in the validator.
+    # The two forms, for OpenAPI's generators (the validators enforce the same). A field given as
+    # null counts as absent, as in the validators.
     model_config = ConfigDict(json_schema_extra={"oneOf": [
-        {"required": ["test", "outcome"], "properties": {"test": {"not": {"type": "null"}},
-                                                         "outcome": {"not": {"type": "null"}},
-                                                         "observations": {"type": "null"}}},
+        {"required": ["test"], "oneOf": ANSWER_OR_SKIP,
+         "properties": {"test": {"not": {"type": "null"}}, "observations": {"type": "null"}}},
         {"required": ["observations"], "properties": {"observations": {"not": {"type": "null"}},
-                                                      "test": {"type": "null"}, "outcome": {"type": "null"}}},
+                                                      "test": {"type": "null"}, "outcome": {"type": "null"},
+                                                      "skip": {"type": "null"}}},
     ]})
 
     test: Label | None = None
@@ -104,6 +114,8 @@ MAX_EVALUATED_POLICIES = 10
 
 class ObservationCorrection(_Request):
     """What a recorded observation becomes: another outcome, or a skip."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": ANSWER_OR_SKIP})
 
     outcome: Label | None = None
     skip: StrictBool | None = None
