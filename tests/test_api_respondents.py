@@ -221,6 +221,8 @@ def test_a_repeatable_answer_needs_if_match_and_counts_each_time(client):
     sid = new_session(client, NOISY_REPEATABLE, confidence=0.999)["session_id"]
     before = stored(client.application, sid)
     assert_problem(observe(client, sid, {"test": "swab", "outcome": "pos"}), 428, "precondition-required")
+    assert_problem(observe(client, sid, {"test": "swab", "outcome": "pos"}, headers={"If-Match": "*"}), 428,
+                   "precondition-required")  # "*" names no version
     assert stored(client.application, sid) == before
     first = observe(client, sid, {"test": "swab", "outcome": "pos"}, headers={"If-Match": '"1"'})
     assert first.status_code == 200 and first.get_json()["next_test"]["id"] == "swab"  # asked again

@@ -38,9 +38,13 @@ def _if_match() -> Callable[[int], bool] | None:
         # Names no version at all: refused whatever the session holds (the contract says minLength 1).
         raise PreconditionFailed("If-Match is empty; send the ETag of the version you read, or leave it out")
     tags = request.if_match  # werkzeug's parse: "*", strong and weak tags
+    if tags.star_tag:
+        # "*" matches any current representation, and every write here needs the session to
+        # exist anyway: it names no version, so it cannot make a repeated write safe either.
+        return None
 
     def matches(version: int) -> bool:
-        return tags.star_tag or tags.contains(str(version))  # strong comparison (RFC 9110 §13.1.1)
+        return tags.contains(str(version))  # strong comparison (RFC 9110 §13.1.1)
 
     return matches
 
