@@ -245,10 +245,13 @@ def separable(model: Model, mass: list[float], unrun: list[int]) -> bool:
 
 
 def decide(model: Model, observations: list[Observation], policy: str, max_tests=None,
-           max_cost=None, confidence=None, seed: int = 0) -> Choice:
+           max_cost=None, confidence=None, seed: int = 0, unavailable=frozenset()) -> Choice:
     """The issue's stop rules in order: determined, confidence_reached, max_tests,
     indistinguishable (deterministic), tests_exhausted, budget_exhausted, no_informative_test;
-    else the best gain / cost, the earliest test among ties within relative 1e-9."""
+    else the best gain / cost, the earliest test among ties within relative 1e-9.
+
+    ``unavailable``: unrun tests that may not be proposed (skipped or excluded). They still
+    count as unrun for indistinguishable and tests_exhausted (they could have told)."""
     mass = version_space_mass(model, observations)
     post = posterior(mass)
     dist = class_distribution(model, post)
@@ -268,9 +271,10 @@ def decide(model: Model, observations: list[Observation], policy: str, max_tests
     if not unrun:
         return Choice(None, "tests_exhausted", none)
     spent = sum(model.costs[t] for t in ran)
+    available = [t for t in unrun if t not in unavailable]
     # Within relative 1e-12 of the budget: round-off of the sum, not an overrun.
-    eligible = [t for t in unrun if max_cost is None or spent + model.costs[t] <= max_cost * (1 + 1e-12)]
-    if not eligible:
+    eligible = [t for t in available if max_cost is None or spent + model.costs[t] <= max_cost * (1 + 1e-12)]
+    if available and not eligible:
         return Choice(None, "budget_exhausted", none)
     gain_of = GAINS[policy]
     total = sum(mass)
@@ -282,7 +286,7 @@ def decide(model: Model, observations: list[Observation], policy: str, max_tests
         score[t] = max(gains[t], 0.0) / model.costs[t]
     informative = [t for t in eligible if gains[t] / total ** power > ZERO]
     if not informative:
-        beyond = [t for t in unrun if t not in eligible and gains[t] / total ** power > ZERO]
+        beyond = [t for t in available if t not in eligible and gains[t] / total ** power > ZERO]
         return Choice(None, "budget_exhausted" if beyond else "no_informative_test", score)
     if policy == "random":
         return Choice(informative, None, score)  # type: ignore[arg-type]  (any of these)

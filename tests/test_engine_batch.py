@@ -119,6 +119,41 @@ def test_batch_work_is_bounded_before_any_step():
 # --- skips and unavailable tests ---------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["deterministic", "likelihood"])
+def test_skipped_and_excluded_tests_agree_with_the_reference(kind):
+    """Random instances, random answers, then some unrun tests skipped and others excluded: the
+    same stop reason and choice as the reference with those tests unavailable."""
+    policies = DETERMINISTIC_POLICIES if kind == "deterministic" else LIKELIHOOD_POLICIES
+    stops = set()
+    for seed in range(120):
+        model, observations = random_case(seed, kind)
+        inst = compile_model(model)
+        rng = np.random.default_rng(seed)
+        ran = {t for t, _ in observations}
+        unrun = [t for t in range(model.n_tests) if t not in ran]
+        skipped = [t for t in unrun if rng.random() < 0.3]
+        excluded = [t for t in unrun if t not in skipped and rng.random() < 0.3]
+        mask = np.zeros(inst.n_tests, dtype=bool)
+        mask[excluded] = True
+        labelled_all = labelled(observations) + [(f"t{t}", None) for t in skipped]
+        parsed = engine.parse_observations(inst, labelled_all)
+        max_cost = None if seed % 3 else 1.5
+        policy = policies[seed % len(policies)]
+        decision = engine.next_step(inst, parsed, policy, StopRules(max_cost=max_cost), excluded=mask)
+        expected = ref.decide(model, observations, policy, max_cost=max_cost,
+                              unavailable=frozenset(skipped + excluded))
+        where = f"seed {seed}, {policy}, observations {observations}, skipped {skipped}, excluded {excluded}"
+        assert (None if decision.stop_reason is None else str(decision.stop_reason)) == expected.stop, where
+        stops.add(expected.stop)
+        if policy == "random" and expected.test is not None:
+            assert decision.next_test in expected.test, where
+        elif expected.test is not None:
+            best = max(s for s in expected.scores if s is not None)
+            assert expected.scores[decision.next_test] >= best * (1 - 2e-9), where
+            assert decision.next_test not in skipped + excluded, where
+    assert {None, "no_informative_test"} <= stops, stops
+
+
 def test_a_skip_changes_no_belief_and_the_test_is_not_proposed_again():
     inst = compile_wire(QUAD)
     skipped = engine.parse_observations(inst, [("a", None)])
