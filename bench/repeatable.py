@@ -1,7 +1,7 @@
 """Repeatable questions on the lottery study: accuracy after n answers under two answer models.
 
-    python3 bench/repeatable.py                    # the table in docs/lotteries.md
-    python3 bench/repeatable.py --subjects 100 --jobs 1
+    python3 bench/repeatable.py --adopy /path/to/adopy-venv/bin/python   # the table in docs/lotteries.md
+    python3 bench/repeatable.py --subjects 100 --jobs 1                    # edgecut and random only
 
 * **persistent**: a subject answers a question the same way every time it is asked (one coin per
   (subject, question), fixed in advance), so asking again tells nothing: tests are not
@@ -10,16 +10,22 @@
   observation: every test is ``repeatable`` (the same instance with ``"repeatable": true``).
 
 Policies: EffECXtive (the instance's default) and random, on the same simulated subjects (drawn
-as in the paper by ``simulation.draw_subject``) and, within an answer model, the same coins.
-Also reported: the median time of one choice (one ``decide``), on the shared machine.
+as in the paper by ``simulation.draw_subject``) and, within an answer model, the same coins; with
+``--adopy PYTHON`` also ADOpy 0.4.1, run by that interpreter (a venv with ``adopy==0.4.1`` and
+``numpy<1.24``) through bench/adopy_lotteries.py on the same subjects and coins. Also reported:
+the median time of one choice (edgecut: one ``decide``; ADOpy: ``get_design`` plus the
+``update`` that recomputes its mutual information), on the shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -82,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answers", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--adopy", metavar="PYTHON", help="an interpreter with adopy==0.4.1 installed")
     args = parser.parse_args(argv)
 
     combos = [(model, policy) for model in MODELS for policy in POLICIES]
@@ -96,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             results = list(pool.map(run, tasks, chunksize=8))
     wall = time.perf_counter() - started
     by_combo = {combo: results[i * args.subjects:(i + 1) * args.subjects] for i, combo in enumerate(combos)}
+    if args.adopy:
+        by_combo.update(run_adopy(args))
+        combos = [(model, policy) for model in MODELS for policy in (*POLICIES, "adopy")]
 
     checkpoints = [n for n in CHECKPOINTS if n <= args.answers]
     print(f"Lottery study '{args.study}', {args.subjects} subjects, seed {args.seed}: accuracy (95% Wilson "
@@ -111,19 +121,38 @@ def main(argv: list[str] | None = None) -> int:
             low, high = wilson_interval(np.array([hits]), args.subjects)
             cells.append(f"{hits / args.subjects:.3f} [{low[0]:.3f}, {high[0]:.3f}]")
         print(f"| {model} | {policy} | " + " | ".join(cells) + f" | {choice_ms:.1f} |")
-    print("\nPaired difference effecxtive − random (mean [95% normal interval]):\n")
-    print("| answers | " + " | ".join(f"n = {n}" for n in checkpoints) + " |")
-    print("|---|" + "---|" * len(checkpoints))
+    print("\nPaired differences (mean [95% normal interval]):\n")
+    print("| answers | A − B | " + " | ".join(f"n = {n}" for n in checkpoints) + " |")
+    print("|---|---|" + "---|" * len(checkpoints))
     for model in MODELS:
-        a = np.array([c for c, _ in by_combo[model, "effecxtive"]])
-        b = np.array([c for c, _ in by_combo[model, "random"]])
-        cells = []
-        for n in checkpoints:
-            diff = (a[:, n] - b[:, n]).astype(float)
-            half = 1.959963984540054 * diff.std(ddof=1) / math.sqrt(len(diff))
-            cells.append(f"{diff.mean():+.3f} [{diff.mean() - half:+.3f}, {diff.mean() + half:+.3f}]")
-        print(f"| {model} | " + " | ".join(cells) + " |")
+        for other in [p for p, in {(p,) for _, p in combos} if p != "effecxtive"]:
+            a = np.array([c for c, _ in by_combo[model, "effecxtive"]])
+            b = np.array([c for c, _ in by_combo[model, other]])
+            cells = []
+            for n in checkpoints:
+                diff = (a[:, n] - b[:, n]).astype(float)
+                half = 1.959963984540054 * diff.std(ddof=1) / math.sqrt(len(diff))
+                cells.append(f"{diff.mean():+.3f} [{diff.mean() - half:+.3f}, {diff.mean() + half:+.3f}]")
+            print(f"| {model} | effecxtive − {other} | " + " | ".join(cells) + " |")
     return 0
+
+
+def run_adopy(args: argparse.Namespace) -> dict:
+    """ADOpy's results on the same subjects and coins, as {(model, "adopy"): [(correct, seconds)]}."""
+    _load(args.study)
+    inst = _INSTANCES["persistent"]
+    hypotheses = [draw_subject(inst, args.seed, STUDY_NUMBER[args.study], k)[0] for k in range(args.subjects)]
+    with tempfile.TemporaryDirectory() as work:
+        source, target = Path(work) / "subjects.npz", Path(work) / "adopy.json"
+        np.savez(source, likelihood=inst.likelihood, class_index=inst.class_index, prior=inst.prior,
+                 hypotheses=np.array(hypotheses), seed=args.seed, study=STUDY_NUMBER[args.study],
+                 answers=args.answers)
+        subprocess.run([args.adopy, str(Path(__file__).with_name("adopy_lotteries.py")), str(source), str(target)],
+                       check=True)
+        results = json.loads(target.read_text())
+    seconds = results["choice_seconds"]
+    return {(model, "adopy"): [(np.array(correct), seconds if k == 0 else []) for k, correct in
+                               enumerate(results[model])] for model in MODELS}
 
 
 if __name__ == "__main__":
