@@ -215,8 +215,8 @@ class HistoryEntry(_Response):
     field is left out of the JSON)."""
 
     test: str
-    outcome: str | None = None
-    skipped: bool | None = None
+    outcome: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    skipped: bool | None = Field(default=None, exclude_if=lambda value: value is None)
     cost: float
 
 
@@ -242,7 +242,8 @@ class StepState(_Response):
     step: int
     next_test: NextTest | None
     # The page to ask now: up to batch_size distinct tests, best first (next_test is the first).
-    next_tests: list[NextTest]
+    # Always sent; the default lets a client read a state from a service older than pages.
+    next_tests: list[NextTest] = Field(default_factory=list)
     done: StrictBool
     stop_reason: str | None
     cost_spent: float

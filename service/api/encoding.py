@@ -76,17 +76,14 @@ def dumps(value: Any) -> bytes:
 def body_of(model: BaseModel) -> dict[str, Any]:
     """The wire form of a response model; optional extras that are absent (``candidates``,
     ``errors``, the decision fields of a class instance, a decision's ``expected_loss`` without
-    losses, and in history entries ``outcome`` of a skip or ``skipped`` of an answer) are left out rather than written as null."""
+    losses) are left out rather than written as null (history entries leave out their own:
+    schemas/api.py ``HistoryEntry``)."""
     data = model.model_dump()
     for optional in ("candidates", "errors", "decision", "decision_posterior", "decisions"):
         if optional in data and data[optional] is None:
             del data[optional]
     if isinstance(data.get("decision"), dict) and data["decision"].get("expected_loss") is None:
         del data["decision"]["expected_loss"]
-    for entry in data.get("history") or ():
-        for optional in ("outcome", "skipped"):
-            if entry[optional] is None:
-                del entry[optional]
     return data
 
 
