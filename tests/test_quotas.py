@@ -71,6 +71,16 @@ def test_stored_instances_are_limited_per_tenant_by_count(store_env):
     assert store.put_instance(quad, tenant="clinic-b") is True
 
 
+def test_a_deleted_instance_no_longer_counts(store_env):
+    store = store_env.make(quotas=Quotas(instances=1))
+    triage, quad = compiled(TRIAGE), compiled(QUAD)
+    store.put_instance(triage)
+    assert store.delete_instance(triage.content_hash) is True
+    assert store.put_instance(quad) is True  # the freed place
+    with pytest.raises(QuotaExceeded):
+        store.put_instance(triage)
+
+
 def test_stored_instances_are_limited_per_tenant_by_bytes(store_env):
     triage, quad = compiled(TRIAGE), compiled(QUAD)
     store = store_env.make(quotas=Quotas(stored_bytes=encoded_size(triage) + encoded_size(quad) - 1))
