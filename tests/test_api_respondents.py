@@ -345,3 +345,19 @@ def test_deleting_an_instance_leaves_other_tenants_alone(app_config):
     assert client.get(f"/v1/sessions/{sessions['bravo']}", headers=auth["bravo"]).status_code == 200
     assert [i["instance_id"] for i in client.get("/v1/instances", headers=auth["bravo"]).get_json()["items"]] == \
         [instance_id]
+
+
+def test_bodies_with_skips_and_pages_are_exactly_their_wire_models(client):
+    # Session and step bodies are built as plain data: skip entries and pages must be what the
+    # wire models say, field for field.
+    from schemas.api import SessionState, StepState
+
+    state = new_session(client, {**QUAD, "skip_cost": "charged"}, batch_size=3)
+    state = observe(client, state["session_id"], {"observations": [{"test": "a", "skip": True},
+                                                                    {"test": "b", "outcome": "0"}]}).get_json()
+    assert state["history"][0] == {"test": "a", "skipped": True, "cost": 1.0} and state["next_tests"]
+    absent = {"candidates", "decision", "decision_posterior"}  # optional extras, left out when absent
+    assert SessionState.model_validate(state).model_dump(exclude=absent) == state
+    step = client.post("/v1/select", json={"instance": QUAD, "batch_size": 2,
+                                           "observations": [{"test": "c", "skip": True}]}).get_json()
+    assert StepState.model_validate(step).model_dump(exclude=absent) == step
