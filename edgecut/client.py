@@ -16,14 +16,15 @@ import random
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from urllib.parse import quote
 from datetime import timezone
 from typing import Any, TypeVar
 
 import requests
 from pydantic import BaseModel
 
-from schemas.api import InstanceSummary, SessionState, StepState
+from schemas.api import InstanceList, InstanceListItem, InstanceSummary, SessionState, StepState
 
 PROBLEM_TYPE_PREFIX = "urn:edgecut:problem:"
 RETRIED_STATUSES = frozenset({429, 502, 503, 504})
@@ -144,6 +145,26 @@ class Client:
     def get_instance(self, instance_id: str) -> InstanceSummary:
         return _parse(InstanceSummary, self._request("GET", f"/v1/instances/{instance_id}"))
 
+    def list_instances(self, *, limit: int | None = None, cursor: str | None = None) -> InstanceList:
+        """One page of this tenant's instances; pass ``next_cursor`` back for the next."""
+        params = {key: str(value) for key, value in (("limit", limit), ("cursor", cursor)) if value is not None}
+        return _parse(InstanceList, self._request("GET", "/v1/instances", params=params or None))
+
+    def iter_instances(self, *, page_size: int | None = None) -> Iterator[InstanceListItem]:
+        """Every instance of this tenant, page after page."""
+        cursor = None
+        while True:
+            page = self.list_instances(limit=page_size, cursor=cursor)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def delete_instance(self, instance_id: str) -> None:
+        """Delete an instance; its sessions then answer 410 ``instance-gone``. Deleting it again
+        is harmless (204), so retries are safe."""
+        self._request("DELETE", f"/v1/instances/{quote(instance_id, safe='')}")
+
     def evaluate(self, instance_id: str, **options: Any) -> dict[str, Any]:
         """``POST /v1/instances/{id}/evaluate`` with ``policies``, ``max_tests``, ``samples``, …;
         the report as a dict (docs/evaluation.md)."""
@@ -183,6 +204,28 @@ class Client:
         response = self._request("POST", f"/v1/sessions/{session_id}/observations", body=body,
                                  headers=self._if_match(session_id, if_match), params=_explain(explain))
         return self._session_state(response)
+
+    def skip(self, session_id: str, test: str, *, if_match: bool | str = True, explain: bool = False) -> SessionState:
+        """The respondent will not answer ``test``: it is never proposed again, nothing is learnt
+        (docs/api.md). Re-posting the same skip is a no-op, like an observation."""
+        return self.observe_many(session_id, [{"test": test, "skip": True}], if_match=if_match, explain=explain)
+
+    def correct(self, session_id: str, test: str, outcome: str, *, occurrence: int | None = None,
+                if_match: bool | str = True, explain: bool = False) -> SessionState:
+        """Replace the recorded outcome of ``test`` (``occurrence``: which answer of a
+        repeatable test, from 1). Idempotent: a retry puts the same fact again."""
+        return self._session_state(self._request(
+            "PUT", f"/v1/sessions/{session_id}/observations/{quote(test, safe='')}", body={"outcome": outcome},
+            headers=self._if_match(session_id, if_match), params=_occurrence(occurrence, explain)))
+
+    def withdraw(self, session_id: str, test: str, *, occurrence: int | None = None, if_match: bool | str = True,
+                 explain: bool = False) -> SessionState:
+        """Withdraw the recorded answer to ``test``; the session is recomputed from the rest. A
+        retry whose first attempt landed finds nothing left to withdraw (404); for a repeatable
+        test's ``occurrence`` the ETag sent as ``If-Match`` (the default) makes it 412 instead."""
+        return self._session_state(self._request(
+            "DELETE", f"/v1/sessions/{session_id}/observations/{quote(test, safe='')}",
+            headers=self._if_match(session_id, if_match), params=_occurrence(occurrence, explain)))
 
     def delete_session(self, session_id: str, *, if_match: bool | str = False) -> None:
         """Delete a session. A retry that finds it already gone (an earlier attempt deleted it
@@ -300,6 +343,11 @@ def _wire(payload: Mapping[str, Any] | BaseModel) -> Any:
 
 def _options(options: Mapping[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in options.items() if value is not None}
+
+
+def _occurrence(occurrence: int | None, explain: bool) -> dict[str, str] | None:
+    params = {**(_explain(explain) or {}), **({"occurrence": str(occurrence)} if occurrence is not None else {})}
+    return params or None
 
 
 def _explain(explain: bool) -> dict[str, str] | None:

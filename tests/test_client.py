@@ -19,12 +19,14 @@ from requests.adapters import HTTPAdapter
 
 from edgecut import Client, EdgecutError
 from edgecut.client import retry_after_seconds
+import api_support
 from conftest import RedisServer, free_port
 from live_server import EdgecutServe, LiveServer
 from schemas.api import SessionState
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIAGE = json.loads((ROOT / "examples" / "triage" / "instance.json").read_text())
+README_TRIAGE = api_support.TRIAGE  # two classes, two tests: small enough to reason about by hand
 API_KEY = "client-test-key-0123456789"
 
 
@@ -375,3 +377,37 @@ def test_the_example_scripts_run(served, script, args, expected):
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout
+
+
+def test_skips_corrections_and_withdrawals(client):
+    instance_id = client.create_instance(README_TRIAGE)
+    skipper = client.start_session(instance_id)
+    first = skipper.next_test.id
+    skipped = client.skip(skipper.session_id, first)
+    assert skipped.history[-1].test == first and skipped.history[-1].skipped and skipped.cost_spent == 0
+    assert skipped.next_test is None or skipped.next_test.id != first
+    assert client.skip(skipper.session_id, first).step == skipped.step  # a re-posted skip is a no-op
+
+    state = client.start_session(instance_id)
+    done = client.observe(state.session_id, "ecg", "abnormal")
+    assert done.done and done.map_class == "admit"
+    corrected = client.correct(state.session_id, "ecg", "normal")
+    assert corrected.done and corrected.map_class == "home"
+    assert [(h.test, h.outcome) for h in corrected.history] == [("ecg", "normal")]
+    withdrawn = client.withdraw(state.session_id, "ecg")
+    assert not withdrawn.done and withdrawn.history == [] and withdrawn.next_test.id == "ecg"
+    with pytest.raises(EdgecutError) as again:  # a retry whose first attempt landed withdraws nothing more
+        client.withdraw(state.session_id, "ecg", if_match='"2"')
+    assert again.value.status == 404 and client.get_session(state.session_id).history == []
+
+
+def test_instances_are_listed_and_deleted(client):
+    instance_id = client.create_instance(README_TRIAGE)
+    session = client.start_session(instance_id)
+    assert instance_id in {item.instance_id for item in client.iter_instances(page_size=1)}
+    client.delete_instance(instance_id)
+    client.delete_instance(instance_id)  # again: harmless, so a retried delete is safe
+    assert instance_id not in {item.instance_id for item in client.iter_instances()}
+    with pytest.raises(EdgecutError) as gone:
+        client.get_session(session.session_id)
+    assert (gone.value.status, gone.value.code) == (410, "instance-gone")
