@@ -337,13 +337,11 @@ class Sessions:
                         "start a new session to go on")
                 observations = (*observations, observation)
                 self._step(record, compiled, observations)  # raises InconsistentObservation
-            updated = replace(record.with_observations(observations), expires_at=self.clock() + self.session_ttl)
-            try:
-                self.store.update_session(updated, expected_version=record.version)
-            except VersionConflict:
+            result = self._commit(record, observations, compiled, explain)
+            if result is None:
                 continue
             OBSERVATIONS_APPLIED.inc(len(fresh))
-            return SessionResult(self._state(updated, compiled, explain), updated.version)
+            return result
         raise ConcurrentUpdate("the session kept changing while this update was applied; retry")
 
     def correct(self, session_id: str, test: str, correction: ObservationCorrection, occurrence: int | None = None,
@@ -399,12 +397,10 @@ class Sessions:
             if unchanged:
                 return SessionResult(self._state(record, compiled, explain), record.version)
             self._step(record, compiled, observations)  # raises InconsistentObservation
-            updated = replace(record.with_observations(observations), expires_at=self.clock() + self.session_ttl)
-            try:
-                self.store.update_session(updated, expected_version=record.version)
-            except VersionConflict:
+            result = self._commit(record, observations, compiled, explain)
+            if result is None:
                 continue
-            return SessionResult(self._state(updated, compiled, explain), updated.version)
+            return result
         raise ConcurrentUpdate("the session kept changing while this update was applied; retry")
 
     def select(self, request: SelectRequest, tenant: str = DEFAULT_TENANT, explain: bool = False) -> WireBody:
@@ -499,6 +495,17 @@ class Sessions:
             step = _step_of(compiled, policy, decision)
             self._steps.put((*key, observations), step, belief)
         return step
+
+    def _commit(self, record: SessionRecord, observations: Labelled, compiled: engine.CompiledInstance,
+                explain: bool) -> SessionResult | None:
+        """Store ``record`` with these observations (a new version, its TTL slid) unless another
+        writer changed it since it was read: then None, and the caller reads it again."""
+        updated = replace(record.with_observations(observations), expires_at=self.clock() + self.session_ttl)
+        try:
+            self.store.update_session(updated, expected_version=record.version)
+        except VersionConflict:
+            return None
+        return SessionResult(self._state(updated, compiled, explain), updated.version)
 
     def _state(self, record: SessionRecord, compiled: engine.CompiledInstance, explain: bool) -> WireBody:
         """SessionState's wire form: the session's id, its step's fields, when it expires."""
