@@ -113,8 +113,17 @@ def _read_body() -> bytes:
     """The whole body; 413 past MAX_CONTENT_LENGTH whether or not it came with a length; inflated
     when it was sent with ``Content-Encoding: gzip``."""
     try:
-        raw = request.get_data(cache=False)  # a Content-Length over the limit: 413 here, unread
         limit = request.max_content_length
+        length = request.content_length
+        if length is not None and (limit is None or length <= limit):
+            # One read of the announced length: werkzeug's get_data reads 64 KiB at a time, and
+            # gunicorn's body reader copies what it has buffered on every read (quadratic in
+            # the body: +0.25 s on a 13 MB instance).
+            raw = request.environ["wsgi.input"].read(length)
+            if len(raw) < length:
+                raise UnreadableBody(f"the request body ended after {len(raw)} of {length} bytes")
+            return _inflated(raw)
+        raw = request.get_data(cache=False)  # a Content-Length over the limit: 413 here, unread
         # A chunked body is cut at the limit silently (werkzeug's LimitedStream): one byte more
         # left in the stream means it was longer.
         if limit is not None and len(raw) >= limit and request.environ["wsgi.input"].read(1):
