@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from schemas.instance import Instance  # noqa: E402
 from service import engine  # noqa: E402
 from service.examples import lotteries  # noqa: E402
-from service.examples.simulation import draw_subject, wilson_interval  # noqa: E402
+from service.examples.simulation import draw_subject, map_subjects, wilson_interval  # noqa: E402
 
 STUDY_NUMBER = {"fixed": 0, "uncertain": 1}
 CHECKPOINTS = (5, 10, 20)
@@ -95,12 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [(args.study, model, policy, args.answers, args.seed, subject)
              for model, policy in combos for subject in range(args.subjects)]
     started = time.perf_counter()
-    if args.jobs <= 1:
-        _load(args.study)
-        results = [run(task) for task in tasks]
-    else:
-        with ProcessPoolExecutor(max_workers=args.jobs, initializer=_load, initargs=(args.study,)) as pool:
-            results = list(pool.map(run, tasks, chunksize=8))
+    results = list(map_subjects(run, tasks, args.jobs, _load, (args.study,)))
     wall = time.perf_counter() - started
     by_combo = {combo: results[i * args.subjects:(i + 1) * args.subjects] for i, combo in enumerate(combos)}
     if args.adopy:

@@ -6,6 +6,11 @@ place that maps every code to an HTTP status and a problem+json body."""
 class ServiceError(Exception):
     code = "service-error"
 
+    def __init__(self, message: str = "", errors: list[dict[str, str]] | None = None):
+        super().__init__(message)
+        # One problem per JSON path ({path, message}), when the refusal names several places.
+        self.errors = errors
+
 
 class InstanceNotFound(ServiceError):
     code = "instance-not-found"
@@ -81,7 +86,3 @@ class UnknownTests(ServiceError):
     """Test ids in a request field that the instance does not have; ``errors`` gives each path."""
 
     code = "unknown-test"
-
-    def __init__(self, message: str, errors: list[dict[str, str]]):
-        super().__init__(message)
-        self.errors = errors

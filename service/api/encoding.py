@@ -57,10 +57,6 @@ class BodyTooLarge(ServiceError):
 class RequestValidationFailed(ServiceError):
     code = "validation-error"
 
-    def __init__(self, message: str, errors: list[dict[str, str]]):
-        super().__init__(message)
-        self.errors = errors
-
 
 def _default(value: Any) -> Any:
     if isinstance(value, BaseModel):

@@ -18,7 +18,7 @@ from service.engine import EngineError
 from service.errors import ServiceError
 from service.store import QuotaExceeded, StoreFull, StoreUnavailable
 
-from .encoding import RequestValidationFailed, json_response
+from .encoding import json_response
 
 log = logging.getLogger(__name__)
 
@@ -126,15 +126,11 @@ def problem_response(code: str, detail: str, errors: list[dict[str, str]] | None
 
 
 def register_problems(app: Flask, retry_after_seconds: int = 1) -> None:
-    @app.errorhandler(RequestValidationFailed)
-    def _validation(error: RequestValidationFailed) -> Response:
-        return problem_response(error.code, str(error), errors=error.errors)
-
     @app.errorhandler(EngineError)
     @app.errorhandler(ServiceError)
     def _domain(error: EngineError | ServiceError) -> Response:
         return problem_response(error.code if error.code in PROBLEMS else "service-error", str(error),
-                                errors=getattr(error, "errors", None))
+                                errors=error.errors if isinstance(error, ServiceError) else None)
 
     @app.errorhandler(StoreUnavailable)
     def _store_unavailable(error: StoreUnavailable) -> Response:

@@ -52,11 +52,8 @@ def install(app: Flask, settings: Settings) -> None:
             if failures is not None:
                 waited = failures.wait_seconds(address, count=False)
                 if waited > 0:
-                    return problem_response(
-                        "rate-limited",
-                        f"too many failed authentications from this address ({settings.auth_failure_limit}; "
-                        f"AUTH_FAILURE_LIMIT); retry after {waited:.3f} s",
-                        headers={"Retry-After": retry_after(waited)})
+                    return _throttled(f"too many failed authentications from this address "
+                                      f"({settings.auth_failure_limit}; AUTH_FAILURE_LIMIT)", waited)
             token = auth.bearer_token(request.headers.get("Authorization"))
             tenant = keyring.tenant_of(token) if token is not None else None
             if tenant is None:
@@ -78,11 +75,8 @@ def install(app: Flask, settings: Settings) -> None:
 
             waited = limiter.wait_seconds(tenant())
             if waited > 0:
-                return problem_response(
-                    "rate-limited",
-                    f"over this tenant's rate limit ({settings.rate_limit}, bursts of "
-                    f"{limiter.rate.burst}; RATE_LIMIT); retry after {waited:.3f} s",
-                    headers={"Retry-After": retry_after(waited)})
+                return _throttled(f"over this tenant's rate limit ({settings.rate_limit}, bursts of "
+                                  f"{limiter.rate.burst}; RATE_LIMIT)", waited)
             return None
 
     if settings.cors_origins:
@@ -91,3 +85,9 @@ def install(app: Flask, settings: Settings) -> None:
              origins="*" if "*" in origins else origins, expose_headers=EXPOSED_HEADERS,
              allow_headers=ALLOWED_HEADERS, methods=["GET", "POST", "DELETE", "OPTIONS"],
              max_age=CORS_MAX_AGE, supports_credentials=False)
+
+
+def _throttled(why: str, waited: float) -> Response:
+    """429 with the seconds to wait, in the detail and in ``Retry-After``."""
+    return problem_response("rate-limited", f"{why}; retry after {waited:.3f} s",
+                            headers={"Retry-After": retry_after(waited)})

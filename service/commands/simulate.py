@@ -18,7 +18,6 @@ import re
 import shlex
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from service.examples.simulation import (
     Curve,
     SubjectRun,
     curve,
+    map_subjects,
     paired_difference_interval,
     run_subject,
 )
@@ -105,20 +105,10 @@ def simulate(studies, policies, subjects, tests, seed, jobs, when_uninformative,
         for k in range(subjects[study])
     ]
     bar = tqdm(total=len(tasks), desc="subjects", unit="run", disable=not progress, file=sys.stderr)
-    if jobs <= 1:
-        _load_instances(instances)
-        results = []
-        for task in tasks:
-            results.append(_run_task(task))
-            bar.update()
-    else:
-        # Each worker gets the compiled arrays once (pickled through initargs), not per task.
-        with ProcessPoolExecutor(max_workers=jobs, initializer=_load_instances,
-                                 initargs=(instances,)) as pool:
-            results = []
-            for result in pool.map(_run_task, tasks, chunksize=16):
-                results.append(result)
-                bar.update()
+    results = []
+    for result in map_subjects(_run_task, tasks, jobs, _load_instances, (instances,), chunksize=16):
+        results.append(result)
+        bar.update()
     bar.close()
     runs: dict[str, dict[str, list[SubjectRun]]] = {}
     for (study, policy, *_), result in zip(tasks, results):

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -135,3 +138,16 @@ def paired_difference_interval(a: list[SubjectRun], b: list[SubjectRun], after: 
     mean = float(diff.mean())
     half = z * float(diff.std(ddof=1)) / math.sqrt(len(diff)) if len(diff) > 1 else math.inf
     return mean, mean - half, mean + half
+
+
+def map_subjects(run: Callable[[Any], Any], tasks: Iterable[Any], jobs: int, initializer: Callable[..., None],
+                 initargs: tuple = (), chunksize: int = 8) -> Iterator[Any]:
+    """``run`` over ``tasks``, results in task order: in this process when ``jobs`` ≤ 1, else over
+    ``jobs`` processes. ``initializer(*initargs)`` runs once per process, so what it loads (the
+    compiled instances) reaches each worker once, not once per task."""
+    if jobs <= 1:
+        initializer(*initargs)
+        yield from map(run, tasks)
+        return
+    with ProcessPoolExecutor(max_workers=jobs, initializer=initializer, initargs=initargs) as pool:
+        yield from pool.map(run, tasks, chunksize=chunksize)
