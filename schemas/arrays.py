@@ -18,7 +18,7 @@ import math
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 # Wire dtype → numpy dtype, little-endian whatever the host.
 DTYPES = {"uint8": np.dtype("<u1"), "uint16": np.dtype("<u2"), "int32": np.dtype("<i4"),
@@ -38,7 +38,39 @@ class EncodedArray(BaseModel):
     encoding: Literal["base64"]
     dtype: Literal["uint8", "uint16", "int32", "float32", "float64"]
     shape: list[StrictInt] = Field(min_length=1, max_length=3)
+    # The base64 text; the bytes of the request body itself when the string was lifted out of
+    # the body before parsing (service/api/bulk.py), so 13 MB never become a Python str.
     data: str
+
+    @field_validator("data")
+    @classmethod
+    def _take_lifted(cls, data: str, info: ValidationInfo) -> str | memoryview:
+        lifted = (info.context or {}).get(LiftedStrings.CONTEXT_KEY)
+        return data if lifted is None else lifted.take(data)
+
+
+class LiftedStrings:
+    """Long string literals cut out of a request body before it was parsed, by the placeholder
+    each left in the body (service/api/bulk.py). Only a compact array's ``data`` takes one back;
+    a placeholder anywhere else leaves its string untaken, and the body is then parsed whole."""
+
+    CONTEXT_KEY = "lifted_strings"  # where model_validate's context carries them
+
+    def __init__(self, values: dict[str, memoryview]):
+        self._values = values
+        self._taken: set[str] = set()
+
+    def take(self, text: str) -> str | memoryview:
+        """The lifted string ``text`` stands for, or ``text`` itself."""
+        value = self._values.get(text)
+        if value is None:
+            return text
+        self._taken.add(text)
+        return value
+
+    @property
+    def all_taken(self) -> bool:
+        return len(self._taken) == len(self._values)
 
 
 class ArrayProblems(ValueError):

@@ -16,6 +16,7 @@ import pytest
 
 from api_support import assert_problem
 from schemas.arrays import encode
+from service.api.bulk import LIFT_MIN_BYTES, lift_long_strings
 from service.app import create_app
 from service.settings import Settings
 from tests import reference as ref
@@ -175,3 +176,155 @@ def test_an_instance_at_max_cells_fits_the_default_body_limit_in_the_compact_for
                 "matrix": {"encoding": "base64", "dtype": "uint8", "shape": [n, n_tests], "data": ""}}
     size = len(orjson.dumps(skeleton)) + 4 * math.ceil(n * n_tests / 3)
     assert size <= defaults.max_body_bytes, (size, defaults.max_body_bytes)
+
+
+# --- long strings lifted out of the body before parsing (service/api/bulk.py) ---------------------
+
+LONG = LIFT_MIN_BYTES + 5
+
+
+def restored(lifted: tuple[bytes, object]) -> object:
+    """The lifted body parsed, each placeholder replaced by the string it stands for."""
+    body, strings = lifted
+
+    def back(value):
+        if isinstance(value, dict):
+            return {back(key): back(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [back(item) for item in value]
+        if isinstance(value, str):
+            taken = strings.take(value)
+            return taken if isinstance(taken, str) else str(taken, "ascii")
+        return value
+
+    return back(orjson.loads(body))
+
+
+def tricky_body(rng: random.Random) -> bytes:
+    """JSON text with long strings among escapes that a quote count must not be fooled by."""
+    def long_string() -> str:
+        kind = rng.choice(["base64", "escaped quote", "backslash at the end", "unicode", "control"])
+        text = "A" * rng.randint(LONG - 10, 3 * LONG)
+        if kind == "escaped quote":
+            return orjson.dumps(text[:100] + '"' + text[100:]).decode()
+        if kind == "backslash at the end":
+            return orjson.dumps(text + "\\").decode()
+        if kind == "unicode":
+            return orjson.dumps(text + "é").decode()
+        if kind == "control":
+            return orjson.dumps(text + "\n").decode()
+        return f'"{text}"'
+
+    def short_string() -> str:
+        return rng.choice(['"a"', '"\\\\"', '"\\""', '"\\\\\\""', '"x\\u003ay"', '""', '"\\\\\\\\"'])
+
+    def long_outside_strings() -> str:  # as quote-free as a long string, but not one
+        return rng.choice(["[" + ",".join("7" * rng.randint(LONG // 2, LONG)) + "]",
+                           "[" + " " * rng.randint(LONG, 2 * LONG) + "1]"])
+
+    def value(depth: int) -> str:
+        pick = rng.random()
+        if depth > 2 or pick < 0.3:
+            return rng.choice([long_string(), long_outside_strings(), short_string(), "1", "true", "null"])
+        if pick < 0.6:
+            return "[" + ", ".join(value(depth + 1) for _ in range(rng.randint(0, 4))) + "]"
+        keys = [rng.choice([short_string(), long_string(), '"k"', '"data"']) for _ in range(rng.randint(0, 4))]
+        return "{" + ",".join(f"{k}: {value(depth + 1)}" for k in keys) + "}"
+
+    return value(0).encode()
+
+
+def test_lifting_long_strings_keeps_the_value_of_the_body():
+    rng = random.Random(5)
+    lifted_some = 0
+    for _ in range(300):
+        raw = tricky_body(rng)
+        lifted = lift_long_strings(raw)
+        if lifted is None:
+            continue
+        lifted_some += 1
+        assert restored(lifted) == orjson.loads(raw)
+    assert lifted_some > 50
+
+
+def test_a_body_is_valid_json_after_lifting_exactly_when_it_was_before():
+    rng = random.Random(6)
+    lifted_some = 0
+    for _ in range(300):
+        raw = bytearray(tricky_body(rng))
+        for _ in range(rng.randint(1, 3)):  # a stray quote, backslash, control byte or brace
+            raw.insert(rng.randrange(len(raw) + 1), rng.choice(b'"\\\x01{,'))
+        lifted = lift_long_strings(bytes(raw))
+        if lifted is None:
+            continue
+        lifted_some += 1
+
+        def valid(text: bytes) -> bool:
+            try:
+                orjson.loads(text)
+            except orjson.JSONDecodeError:
+                return False
+            return True
+
+        assert valid(lifted[0]) == valid(bytes(raw)), bytes(raw)
+    assert lifted_some > 50
+
+
+def test_only_printable_ascii_strings_without_escapes_are_lifted():
+    text = "A" * LONG
+    for raw, lifted in [(f'{{"data": "{text}"}}', 1), (f'["{text}", "{text}"]', 2),
+                        (orjson.dumps({"data": text + '"'}).decode(), 0), (orjson.dumps({"data": text + "é"}).decode(), 0),
+                        (orjson.dumps({"data": text + "\t"}).decode(), 0), (f'{{"data": "{text[:1000]}"}}', 0),
+                        # a placeholder the client wrote itself: nothing is lifted
+                        (f'{{"data": "{text}", "note": "\\u0000lifted-0"}}', 0)]:
+        result = lift_long_strings(raw.encode())
+        assert (0 if result is None else len(result[0].split(b"\\u0000lifted-")) - 1) == lifted, raw[-40:]
+
+
+def big_compact(n: int = 400, n_tests: int = 300) -> tuple[dict, np.ndarray]:
+    matrix = np.random.default_rng(n).integers(0, 3, size=(n, n_tests), dtype=np.uint8)
+    return ({"tests": [{"id": f"t{j}", "outcomes": ["a", "b", "c"]} for j in range(n_tests)],
+             "classes": [f"c{i % 9}" for i in range(n)], "matrix": encode(matrix)}, matrix)
+
+
+def test_a_lifted_compact_array_is_the_same_instance_as_its_lists():
+    payload, matrix = big_compact()
+    assert lift_long_strings(orjson.dumps(payload)) is not None  # the path under test
+    client = create_app({"redis_url": None}).test_client()
+    compact = client.post("/v1/instances", data=orjson.dumps(payload), content_type="application/json")
+    lists = client.post("/v1/instances", json={**payload, "matrix": matrix.tolist()})
+    assert compact.status_code == 201 and lists.status_code == 200
+    assert compact.get_json() == lists.get_json()
+
+
+@pytest.mark.parametrize("case", ["long label", "long key", "repeated key", "control character",
+                                  "wrong length", "inline placeholder"])
+def test_a_body_the_lifted_strings_do_not_explain_is_judged_whole(case):
+    payload, _ = big_compact()
+    data = payload["matrix"]["data"]
+    raw = orjson.dumps(payload)
+    expected = {"long label": (422, "classes[0]"), "long key": (422, "x" * LONG),
+                "repeated key": (422, "matrix.dtype"), "control character": (400, None),
+                "wrong length": (422, "matrix.data"), "inline placeholder": (201, None)}[case]
+    if case == "long label":
+        raw = orjson.dumps({**payload, "classes": ["x" * LONG, *payload["classes"][1:]]})
+    elif case == "long key":
+        raw = orjson.dumps({**payload, "x" * LONG: 1})
+    elif case == "repeated key":
+        raw = raw.replace(b'"dtype":"uint8"', b'"dtype":"uint8","dtype":"uint16"')
+    elif case == "control character":
+        raw = raw.replace(data[:10].encode(), data[:5].encode() + b"\x01" + data[6:10].encode(), 1)
+    elif case == "wrong length":
+        raw = raw.replace(data.encode(), data[:-4].encode())
+    else:  # the placeholder's text as a label: nothing is lifted, and it is only a label
+        raw = orjson.dumps({**payload, "classes": ["\x00lifted-0", *payload["classes"][1:]]})
+    app = create_app({"redis_url": None})
+    response = app.test_client().post("/v1/instances", data=raw, content_type="application/json")
+    status, path = expected
+    if status == 201:
+        assert response.status_code == 201
+        return
+    problem = assert_problem(response, status, "validation-error" if status == 422 else "malformed-json")
+    if path is not None:
+        assert any(e["path"].startswith(path) or path.startswith(e["path"]) for e in problem["errors"]), problem
+    assert not app.extensions["edgecut"].store._instances

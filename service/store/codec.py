@@ -73,8 +73,8 @@ def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
         if array is None:
             continue
         dtype = array.dtype.str
-        if name == "outcomes" and array.dtype.itemsize == 1 and instance.max_outcomes <= 2:
-            array, dtype = np.packbits(array, axis=1), BITS  # packed rows keep the (n, N) shape below
+        if name == "outcomes" and instance.packed_outcomes is not None:
+            array, dtype = instance.packed_outcomes, BITS  # packed rows keep the (n, N) shape below
         raw = memoryview(np.ascontiguousarray(array)).cast("B")  # copied once, by the join below
         descriptors.append({"name": name, "dtype": dtype, "shape": list(arrays[name].shape),
                             "offset": offset, "nbytes": raw.nbytes})
