@@ -25,12 +25,14 @@ TLS and HTTP/2 connections are served as by gthread.
 
 from __future__ import annotations
 
+import collections
 import re
 import selectors
 import time
 from functools import partial
 
 from gunicorn.http import errors as http_errors
+from gunicorn.http.unreader import SocketUnreader
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import ThreadWorker
 
@@ -210,6 +212,49 @@ def _refusal(exc: BaseException) -> tuple[str, str]:
     return "internal-error", "an unexpected error occurred; it has been logged"
 
 
+class HeldUnreader(SocketUnreader):
+    """gunicorn's socket unreader, holding what is pushed back to it (the request the event loop
+    buffered, what the parser did not consume) as views, in order, before the socket.
+
+    gunicorn's own keeps them in a BytesIO and rewrites everything after the bytes it returns on
+    every read: its body reader asks for 1 MiB at a time, so a 13 MB body buffered whole was
+    copied ~13 times over (~0.1 s). Here each byte is copied once, when it is read."""
+
+    def __init__(self, source: SocketUnreader):
+        super().__init__(source.sock, source.mxchunk)
+        self._held: collections.deque[memoryview] = collections.deque()
+        self.unread(source.take_buffered())
+
+    def unread(self, data) -> None:
+        if len(data):
+            self._held.appendleft(memoryview(data).cast("B"))
+
+    def read(self, size=None, read_ahead=None):
+        if not self._held or size == 0:
+            return super().read(size, read_ahead)
+        if size is not None and not isinstance(size, int):
+            raise TypeError("size parameter must be an int or long.")
+        # No size: the next piece, as a socket read would give one (the parser reads headers so).
+        wanted = RECV_BYTES if size is None or size < 0 else size
+        pieces = []
+        while wanted and self._held:
+            piece = self._held.popleft()
+            if len(piece) > wanted:
+                self._held.appendleft(piece[wanted:])
+                piece = piece[:wanted]
+            pieces.append(piece)
+            wanted -= len(piece)
+        data = b"".join(pieces)
+        if wanted and size is not None and size > 0:
+            data += super().read(wanted, read_ahead)
+        return data
+
+    def take_buffered(self):
+        held = b"".join(self._held)
+        self._held.clear()
+        return held + super().take_buffered()
+
+
 class _Pending:
     __slots__ = ("conn", "framing", "deadline", "announced_continue")
 
@@ -310,7 +355,9 @@ class BufferingWorker(ThreadWorker):
         conn = pending.conn
         self.buffered_bytes -= len(pending.framing.data)
         conn.init()  # the parser (once per connection), reading from the socket
-        conn.parser.unreader.unread(bytes(pending.framing.data))
+        if not isinstance(conn.parser.unreader, HeldUnreader):
+            conn.parser.unreader = HeldUnreader(conn.parser.unreader)
+        conn.parser.unreader.unread(pending.framing.data)  # held as it is, not copied
         conn.data_ready = True
         super().enqueue_req(conn)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import math
 import random
+import socket
 import tracemalloc
 
 import numpy as np
@@ -328,3 +329,46 @@ def test_a_body_the_lifted_strings_do_not_explain_is_judged_whole(case):
     if path is not None:
         assert any(e["path"].startswith(path) or path.startswith(e["path"]) for e in problem["errors"]), problem
     assert not app.extensions["edgecut"].store._instances
+
+
+# --- the worker's unreader: a buffered body read in steps without copying the rest each time ------
+
+
+def test_the_held_unreader_reads_what_a_byte_stream_would():
+    """Random reads, push-backs and takes through HeldUnreader give the bytes, in order, of the
+    stream they describe: what was held, then the socket."""
+    from service.worker import HeldUnreader
+    from gunicorn.http.unreader import SocketUnreader
+
+    rng = random.Random(8)
+    for _ in range(200):
+        ours, theirs = socket.socketpair()
+        sent = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 3000)))
+        theirs.sendall(sent)
+        theirs.close()
+        source = SocketUnreader(ours)
+        early = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 200)))
+        source.unread(early)  # read ahead by gunicorn before the worker took the connection
+        unreader = HeldUnreader(source)
+        buffered = bytearray(rng.randbytes(rng.randrange(0, 5000)))
+        unreader.unread(buffered)
+        stream, got = bytes(buffered) + early + sent, b""
+        for _ in range(30):
+            action = rng.random()
+            if action < 0.5:
+                size = rng.choice([None, -1, 0, 1, rng.randrange(1, 2000)])
+                data = unreader.read(size, read_ahead=rng.choice([None, 4096]))
+                if size is not None and size > 0:
+                    assert len(data) == min(size, len(stream) - len(got))
+                got += data
+            elif action < 0.8 and got:
+                back = rng.randrange(1, len(got) + 1)
+                unreader.unread(got[-back:])
+                got = got[:-back]
+            else:
+                got += unreader.take_buffered()
+            assert stream.startswith(got)
+        while data := unreader.read(4096):
+            got += data
+        assert got == stream
+        ours.close()
