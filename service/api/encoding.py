@@ -5,8 +5,8 @@ routed through the same encoder by :class:`OrjsonProvider`). Requests: :func:`pa
 checks the media type, inflates a ``Content-Encoding: gzip`` body (never past
 ``MAX_BODY_BYTES``), decodes strictly (orjson refuses NaN, Infinity and invalid UTF-8) and
 validates against the wire model, raising the errors service/api/problems.py maps to 413, 415,
-400 and 422. Long strings (a big compact array's base64) are lifted out of the body before it is
-parsed (service/api/bulk.py).
+400 and 422. A big array (the compact form's base64, or one-digit nested lists) is lifted out of
+the body before it is parsed (service/api/bulk.py).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from flask.json.provider import JSONProvider
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from schemas.arrays import LiftedStrings
+from schemas.arrays import Lifted
 from schemas.instance import json_path
 from service.errors import ServiceError
 
-from .bulk import lift_long_strings
+from .bulk import lift_bulk
 from .limits import check_depth, check_request
 
 try:  # what gunicorn's body reader raises on bad chunked framing
@@ -139,14 +139,14 @@ def parse_body(model: type[Model]) -> Model:
         shown = request.mimetype or "none"
         raise UnsupportedMediaType(f"send the body as {JSON_MEDIA_TYPE} (Content-Type was {shown})")
     raw = _read_body()
-    lifted = lift_long_strings(raw)  # a big compact array's base64, kept out of the parser
+    lifted = lift_bulk(raw)  # a big array's base64 or digits, kept out of the parser
     if lifted is not None:
-        body, strings = lifted
+        body, values = lifted
         try:
-            parsed = _parsed(body, model, {LiftedStrings.CONTEXT_KEY: strings})
+            parsed = _parsed(body, model, {Lifted.CONTEXT_KEY: values})
         except ServiceError:
             parsed = None  # refused: the whole body, parsed as it came, says why (below)
-        if parsed is not None and strings.all_taken:
+        if parsed is not None and values.all_taken:
             return parsed
     return _parsed(raw, model)
 
