@@ -333,6 +333,8 @@ def test_only_rectangular_one_digit_rows_are_lifted_as_a_matrix(flaw, separator)
     elif flaw == "a third level":
         text = "[" + text + "]"
     raw = ('{"matrix": ' + text + ', "k": 1}').encode()
+    last = ('{"k": 1, "matrix": ' + text + '}').encode()  # nothing after it: no quote ends the stretch
+    assert (lift_bulk(last) is None) == (flaw is not None)
     lifted = lift_bulk(raw)
     if flaw is None:
         body, values = lifted

@@ -59,8 +59,8 @@ def lift_bulk(raw: bytes) -> tuple[bytes, Lifted] | None:
             continue
         before = raw.rfind(b'"', counted, probe)
         after = raw.find(b'"', probe + _WINDOW)
-        if after == -1:
-            break
+        if after == -1:  # the stretch runs to the end of the body (a matrix given last)
+            after = len(raw)
         probe = after + 1
         if before == -1:
             continue  # the stretch began before the last value lifted: nothing new to see
@@ -69,7 +69,7 @@ def lift_bulk(raw: bytes) -> tuple[bytes, Lifted] | None:
         if _escaped(raw, before):
             continue  # inside a string that began earlier
         if quotes % 2 == 1:  # `before` opens a string, `after` closes it (if it holds no escape)
-            if _liftable_string(raw, before + 1, after):
+            if after < len(raw) and _liftable_string(raw, before + 1, after):
                 lifts.append((before + 1, after, memoryview(raw)[before + 1:after], None))
                 quotes += 1
                 counted = after + 1
