@@ -435,3 +435,19 @@ def test_the_held_unreader_reads_what_a_byte_stream_would():
             got += data
         assert got == stream
         ours.close()
+
+
+def test_a_body_fed_in_pieces_is_framed_whole_once_it_is_all_there():
+    from service.worker import Framing
+
+    rng = random.Random(10)
+    for _ in range(50):
+        body = rng.randbytes(rng.randrange(0, 5000))
+        raw = b"POST /v1/instances HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        framing, fed = Framing(max_header_bytes=1000, max_body_bytes=10_000), 0
+        while fed < len(raw):
+            piece = raw[fed:fed + rng.randrange(1, 700)]
+            framing.feed(piece)
+            fed += len(piece)
+            assert framing.verdict() == (Framing.COMPLETE if fed == len(raw) else Framing.INCOMPLETE)
+            assert framing.size == fed and bytes(framing.data) == raw[:fed]
