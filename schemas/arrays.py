@@ -18,7 +18,7 @@ import math
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 # Wire dtype → numpy dtype, little-endian whatever the host.
 DTYPES = {"uint8": np.dtype("<u1"), "uint16": np.dtype("<u2"), "int32": np.dtype("<i4"),
@@ -38,7 +38,51 @@ class EncodedArray(BaseModel):
     encoding: Literal["base64"]
     dtype: Literal["uint8", "uint16", "int32", "float32", "float64"]
     shape: list[StrictInt] = Field(min_length=1, max_length=3)
+    # The base64 text; the bytes of the request body itself when the string was lifted out of
+    # the body before parsing (service/api/bulk.py), so 13 MB never become a Python str.
     data: str
+
+    @field_validator("data")
+    @classmethod
+    def _take_lifted(cls, data: str, info: ValidationInfo) -> str | memoryview:
+        lifted = (info.context or {}).get(Lifted.CONTEXT_KEY)
+        taken = None if lifted is None else lifted.take(data, memoryview)
+        return data if taken is None else taken
+
+
+class Lifted:
+    """Big values cut out of a request body before it was parsed, by the placeholder each left in
+    the body (service/api/bulk.py): long strings (as the body's bytes) and one-digit matrices (as
+    uint8 arrays). A compact array's ``data`` takes a string back, ``matrix`` a matrix; a
+    placeholder anywhere else is left untaken, and the body is then parsed whole."""
+
+    CONTEXT_KEY = "lifted"  # where model_validate's context carries them
+
+    def __init__(self, values: dict[str, memoryview | np.ndarray]):
+        self._values = values
+        self._taken: set[str] = set()
+
+    def take(self, text: str, kind: type) -> memoryview | np.ndarray | None:
+        """The value of type ``kind`` the placeholder ``text`` stands for, or None."""
+        value = self._values.get(text)
+        if not isinstance(value, kind):
+            return None
+        self._taken.add(text)
+        return value
+
+    @property
+    def all_taken(self) -> bool:
+        return len(self._taken) == len(self._values)
+
+
+def take_lifted_matrix(value: Any, info: ValidationInfo) -> Any:
+    """``matrix`` as ``[["<placeholder>"]]``: the digit matrix lifted out of the body there."""
+    lifted = (info.context or {}).get(Lifted.CONTEXT_KEY)
+    if (lifted is None or type(value) is not list or len(value) != 1 or type(value[0]) is not list
+            or len(value[0]) != 1 or type(value[0][0]) is not str):
+        return value
+    taken = lifted.take(value[0][0], np.ndarray)
+    return value if taken is None else taken
 
 
 class ArrayProblems(ValueError):
@@ -49,13 +93,17 @@ class ArrayProblems(ValueError):
         self.problems = problems
 
 
-def to_array(value: list | EncodedArray, name: str, ndim: int, kind: Literal["int", "float"],
+def to_array(value: list | EncodedArray | np.ndarray, name: str, ndim: int, kind: Literal["int", "float"],
              n_columns: int) -> np.ndarray:
     """The array ``value`` stands for: ``ndim`` dimensions, rows of ``n_columns`` (one per test),
     else :class:`ArrayProblems`. Nested lists become int64 / float64; the compact form keeps its
-    dtype (a read-only view of the decoded bytes)."""
+    dtype (a read-only view of the decoded bytes); a matrix lifted out of the body is uint8."""
     if isinstance(value, EncodedArray):
         return _decode(value, name, ndim, kind, n_columns)
+    if isinstance(value, np.ndarray):  # lifted (service/api/bulk.py): rectangular one-digit rows
+        if value.ndim != ndim or value.shape[1] != n_columns:
+            raise ArrayProblems([((name,), f"has {value.shape[1]} columns, expected one per test ({n_columns})")])
+        return value
     if not value:
         raise ArrayProblems([((name,), "at least one hypothesis (row) is required")])
     dtype = np.int64 if kind == "int" else np.float64

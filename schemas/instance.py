@@ -31,6 +31,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    InstanceOf,
     PrivateAttr,
     StrictBool,
     StrictFloat,
@@ -38,9 +39,17 @@ from pydantic import (
     Tag,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
-from .arrays import ArrayProblems, EncodedArray, likelihood_problems, outcome_index_problems, to_array
+from .arrays import (
+    ArrayProblems,
+    EncodedArray,
+    likelihood_problems,
+    outcome_index_problems,
+    take_lifted_matrix,
+    to_array,
+)
 
 LABEL_MAX_LENGTH = 200
 LIKELIHOOD_TOLERANCE = 1e-6
@@ -79,16 +88,20 @@ Number = StrictFloat | StrictInt
 
 
 def _array_form(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return "lifted"
     return "compact" if isinstance(value, dict | EncodedArray) else "lists"
 
 
-# Nested lists or the compact form; json_path drops the tag from error locations.
-ARRAY_FORMS = ("lists", "compact")
+# Nested lists or the compact form (or lists the body reader read itself, never on the wire);
+# json_path drops the tag from error locations.
+ARRAY_FORMS = ("lists", "compact", "lifted")
 
 
-def _array_field(lists: Any) -> Any:
-    return Annotated[Union[Annotated[lists, Tag("lists")], Annotated[EncodedArray, Tag("compact")]],
-                     Discriminator(_array_form)]
+def _array_field(lists: Any, *validators: Any) -> Any:
+    return Annotated[Union[Annotated[lists, Tag("lists")], Annotated[EncodedArray, Tag("compact")],
+                           SkipJsonSchema[Annotated[InstanceOf[np.ndarray], Tag("lifted")]]],
+                     Discriminator(_array_form), *validators]
 
 
 class _DerivedArrays(dict):
@@ -134,7 +147,7 @@ class Instance(_Wire):
     tests: list[TestSpec] = Field(min_length=1)
     hypotheses: list[HypothesisSpec] | None = None
     # Columnar form.
-    matrix: _array_field(list[list[StrictInt]]) | None = None
+    matrix: _array_field(list[list[StrictInt]], BeforeValidator(take_lifted_matrix)) | None = None
     likelihood_matrix: _array_field(list[list[list[Number]]]) | None = None
     classes: list[Label] | None = None
     priors: list[Number] | None = None
@@ -174,7 +187,7 @@ class Instance(_Wire):
         if self.hypotheses is not None:
             return len(self.hypotheses)
         rows = self.matrix if self.matrix is not None else self.likelihood_matrix
-        if isinstance(rows, EncodedArray):
+        if isinstance(rows, EncodedArray | np.ndarray):
             return rows.shape[0]
         return len(rows or [])
 
@@ -277,8 +290,10 @@ def _check_tests(inst: Instance) -> list[Problem]:
         if test.outcomes is not None:
             if not test.outcomes:
                 problems.append((("tests", i, "outcomes"), "a test needs at least one outcome"))
-            # Counted once (linear): a list.count per label is quadratic in a hostile list.
-            dupes = [label for label, count in Counter(test.outcomes).items() if count > 1]
+            # Counted once (linear): a list.count per label is quadratic in a hostile list. A set
+            # first: building a Counter for each of thousands of tests is what costs.
+            dupes = [] if len(set(test.outcomes)) == len(test.outcomes) else [
+                label for label, count in Counter(test.outcomes).items() if count > 1]
             if dupes:
                 problems.append((("tests", i, "outcomes"), f"duplicate outcome labels {_labels_in_message(dupes)}"))
         if test.error_rate is not None and not (_finite(test.error_rate) and 0 <= test.error_rate < 1):

@@ -8,6 +8,8 @@ contract tests.
 
 from __future__ import annotations
 
+import random
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -21,7 +23,7 @@ from api_support import TRIAGE
 from tests.builders import compile_wire, section3
 from service import engine
 from service.store import SessionRecord, StoreUnavailable, VersionConflict, codec
-from service.store.cache import InstanceCache, resident_bytes
+from service.store.cache import InstanceCache, _str_bytes, resident_bytes
 from service.store.redis_store import RedisStore
 
 NOISY = {**TRIAGE, "noise": 0.05}  # symmetric noise turns it into a likelihood instance
@@ -372,7 +374,7 @@ def test_codec_round_trips_and_keeps_results(payload):
 
 def test_codec_encodes_a_large_outcome_dtype_little_endian():
     inst = compiled()
-    wide = engine.CompiledInstance(**{**inst.__dict__, "outcomes": inst.outcomes.astype(">u4")})
+    wide = replace(inst, outcomes=inst.outcomes.astype(">u4"))  # fields only, no cached values
     header, body = codec.encode(wide)
     assert b'"<u4"' in header
     assert_same_instance(codec.decode(header, body), wide)
@@ -445,6 +447,15 @@ def test_codec_decodes_a_header_written_without_a_checksum():
 
 
 # --- Worker cache ------------------------------------------------------------------------------
+
+
+def test_labels_are_counted_at_least_at_what_python_holds_for_them():
+    rng = random.Random(4)
+    alphabets = ["abc", "abcé", "ab€", "a😀", "é€😀"]
+    for _ in range(200):
+        labels = ["".join(rng.choice(rng.choice(alphabets)) for _ in range(rng.randrange(0, 30)))
+                  for _ in range(rng.randrange(0, 20))]
+        assert _str_bytes(labels) >= sum(map(sys.getsizeof, labels)), labels
 
 
 def test_instance_cache_stays_within_its_byte_budget():

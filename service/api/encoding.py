@@ -5,7 +5,8 @@ routed through the same encoder by :class:`OrjsonProvider`). Requests: :func:`pa
 checks the media type, inflates a ``Content-Encoding: gzip`` body (never past
 ``MAX_BODY_BYTES``), decodes strictly (orjson refuses NaN, Infinity and invalid UTF-8) and
 validates against the wire model, raising the errors service/api/problems.py maps to 413, 415,
-400 and 422.
+400 and 422. A big array (the compact form's base64, or one-digit nested lists) is lifted out of
+the body before it is parsed (service/api/bulk.py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from flask.json.provider import JSONProvider
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from schemas.arrays import Lifted
 from schemas.instance import json_path
 from service.errors import ServiceError
 
+from .bulk import lift_bulk
 from .limits import check_depth, check_request
 
 try:  # what gunicorn's body reader raises on bad chunked framing
@@ -136,6 +139,19 @@ def parse_body(model: type[Model]) -> Model:
         shown = request.mimetype or "none"
         raise UnsupportedMediaType(f"send the body as {JSON_MEDIA_TYPE} (Content-Type was {shown})")
     raw = _read_body()
+    lifted = lift_bulk(raw)  # a big array's base64 or digits, kept out of the parser
+    if lifted is not None:
+        body, values = lifted
+        try:
+            parsed = _parsed(body, model, {Lifted.CONTEXT_KEY: values})
+        except ServiceError:
+            parsed = None  # refused: the whole body, parsed as it came, says why (below)
+        if parsed is not None and values.all_taken:
+            return parsed
+    return _parsed(raw, model)
+
+
+def _parsed(raw: bytes, model: type[Model], context: dict[str, Any] | None = None) -> Model:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
@@ -143,7 +159,7 @@ def parse_body(model: type[Model]) -> Model:
     check_depth(raw)  # before the wire model walks it (service/api/limits.py)
     refuse_duplicate_keys(raw, data)
     try:
-        parsed = model.model_validate(data)
+        parsed = model.model_validate(data, context=context)
     except ValidationError as error:
         errors = validation_errors(error)
         raise RequestValidationFailed(f"the request body has {len(errors)} problem(s)", errors) from None

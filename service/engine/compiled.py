@@ -137,6 +137,15 @@ class CompiledInstance:
         return by_outcome if by_outcome.flags.c_contiguous else np.ascontiguousarray(by_outcome)
 
     @cached_property
+    def packed_outcomes(self) -> np.ndarray | None:
+        """``outcomes`` one bit per cell (each row padded to whole bytes, np.packbits) when every
+        test has at most two outcomes, else None: how the store keeps them, and rows small
+        enough to compare for the warnings."""
+        if self.outcomes is None or self.outcomes.dtype != np.uint8 or self.max_outcomes > 2:
+            return None
+        return np.packbits(self.outcomes, axis=1)
+
+    @cached_property
     def p_min(self) -> float:
         return float(self.prior[self.prior > 0].min())
 
@@ -259,21 +268,21 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
                         for label, p in h.likelihoods[t].items():
                             likelihood[i, j, positions[j][label]] = p
     else:
-        hypothesis_ids = tuple(instance.hypothesis_ids or (str(i) for i in range(n)))
+        hypothesis_ids = tuple(instance.hypothesis_ids or map(str, range(n)))
         classes = list(instance.classes) if instance.classes is not None else []
         raw_prior = instance.priors
         # The arrays validation built (either wire form), in their wire dtype: a uint8 matrix
         # stays uint8, so a big instance is never widened to int64 on its way in.
         if instance.matrix is not None:
             matrix = instance.matrix_array()
-            widest = int(matrix.max(initial=0))
+            used = matrix.max(axis=0).astype(np.int64) + 1  # one pass over the cells
+            widest = int(used.max()) - 1
             unlisted = sum(t.outcomes is None for t in instance.tests)
             if unlisted * (widest + 1) * LABEL_OVERHEAD_BYTES > max_bytes:
                 raise InstanceTooLarge(f"outcome index {widest} would make {widest + 1} outcome labels per "
                                        f"test; the limit is {max_bytes} bytes (MAX_COMPILED_BYTES)")
             matrix = matrix.astype(smallest_uint_dtype(widest), copy=False)
             likelihood = None
-            used = matrix.max(axis=0).astype(np.int64) + 1
         else:
             matrix = None
             given = instance.likelihood_array()
@@ -322,7 +331,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
         _, pattern = np.unique(acceptable, axis=0, return_inverse=True)
         order = np.lexsort((pattern.reshape(-1), class_index))
     class_index, prior = class_index[order], prior[order]
-    hypothesis_ids = tuple(hypothesis_ids[i] for i in order)
+    hypothesis_ids = tuple(map(hypothesis_ids.__getitem__, order.tolist()))
     if likelihood is not None:
         # One copy, straight into the outcome-major layout (mode="clip": the indices are valid,
         # and "raise" would buffer another copy).
@@ -347,7 +356,9 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
         informative = (widths > 1) & (1.0 - error_rates != error_rates / np.maximum(widths - 1, 1))
         same_rows = matrix[:, informative]
         matrix = None
-    outcomes = matrix.astype(smallest_uint_dtype(int(matrix.max(initial=0))), copy=False) if matrix is not None else None
+    outcomes = matrix
+    if matrix is not None and matrix.dtype != np.uint8:  # uint8 is as small as it gets: no pass over the cells
+        outcomes = matrix.astype(smallest_uint_dtype(int(matrix.max(initial=0))), copy=False)
     compiled = CompiledInstance(
         test_ids=test_ids,
         outcome_labels=tuple(tuple(o) for o in outcome_labels),
@@ -550,6 +561,8 @@ def _warnings(inst: CompiledInstance, rows: np.ndarray | None = None) -> list[st
     """Hypotheses of different classes (decision instances: sharing no acceptable decision)
     that no test can tell apart (legal, but worth saying).
     ``rows``: a smaller array whose rows are equal exactly when the hypotheses' are."""
+    if rows is None and inst.packed_outcomes is not None:
+        rows = inst.packed_outcomes  # equal exactly when the 0/1 rows are, and 8× smaller
     if rows is None:
         rows = inst.outcomes if inst.outcomes is not None else np.round(
             inst.likelihood.reshape(inst.n_hypotheses, -1), 12) + 0.0  # + 0.0: no −0.0

@@ -19,6 +19,7 @@ content hash.
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 
@@ -73,8 +74,8 @@ def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
         if array is None:
             continue
         dtype = array.dtype.str
-        if name == "outcomes" and array.dtype.itemsize == 1 and instance.max_outcomes <= 2:
-            array, dtype = np.packbits(array, axis=1), BITS  # packed rows keep the (n, N) shape below
+        if name == "outcomes" and instance.packed_outcomes is not None:
+            array, dtype = instance.packed_outcomes, BITS  # packed rows keep the (n, N) shape below
         raw = memoryview(np.ascontiguousarray(array)).cast("B")  # copied once, by the join below
         descriptors.append({"name": name, "dtype": dtype, "shape": list(arrays[name].shape),
                             "offset": offset, "nbytes": raw.nbytes})
@@ -134,7 +135,7 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         test_ids = _labels(header["test_ids"])
         hypothesis_ids = _labels(header["hypothesis_ids"])
         class_labels = _labels(header["class_labels"])
-        outcome_labels = tuple(_labels(o) for o in header["outcome_labels"])
+        outcome_labels = _label_lists(header["outcome_labels"])
         warnings = _labels(header["warnings"])
         decision_labels = _labels(header["decision_labels"]) if "decision_labels" in header else ()
         kind, stated_hash, descriptors = header["kind"], header["content_hash"], header["arrays"]
@@ -148,7 +149,8 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
     n, n_tests = len(hypothesis_ids), len(test_ids)
     if len(outcome_labels) != n_tests or n == 0 or n_tests == 0:
         raise CorruptInstance("instance header label counts are inconsistent")
-    width = max(len(o) for o in outcome_labels)
+    arity = np.fromiter(map(len, outcome_labels), dtype=np.int64, count=n_tests)
+    width = int(arity.max())
     n_decisions = len(decision_labels)
     expected_shapes = {"costs": (n_tests,), "class_index": (n,), "prior": (n,),
                        "outcomes": (n, n_tests), "likelihood_by_outcome": (n, None, n_tests),
@@ -163,6 +165,7 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         raise CorruptInstance(f"unknown instance kind {kind!r}")
 
     arrays: dict[str, np.ndarray] = {}
+    unpacked: set[str] = set()  # arrays stored one bit per cell: every cell 0 or 1 by construction
     end = 0
     for d in descriptors if isinstance(descriptors, list) else ():
         try:
@@ -190,6 +193,7 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
                               count=math.prod(stored_shape), offset=offset).reshape(stored_shape)
         if dtype == BITS:
             array = np.unpackbits(array, axis=1, count=shape[1])
+            unpacked.add(name)
         arrays[name] = array
         end = offset + nbytes
     if set(arrays) != wanted:
@@ -201,8 +205,11 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
     if class_index.size and (class_index.min() < 0 or class_index.max() >= len(class_labels)):
         raise CorruptInstance("class_index points outside class_labels")
     if "outcomes" in arrays and arrays["outcomes"].size:
-        arity = np.array([len(o) for o in outcome_labels])
-        if (arrays["outcomes"].max(axis=0) >= arity).any():  # column maxima: no widened copy
+        outcomes = arrays["outcomes"]
+        # Bits are 0 or 1: only a test with fewer than two labels can be pointed past its end,
+        # so a cold worker does not read 10⁷ unpacked cells again to find nothing.
+        tests = np.flatnonzero(arity < 2) if "outcomes" in unpacked else slice(None)
+        if (outcomes[:, tests].max(axis=0, initial=0) >= arity[tests]).any():  # column maxima: no widened copy
             raise CorruptInstance("an outcome index points outside its test's outcome labels")
 
     acceptable = arrays.get("acceptable")
@@ -243,7 +250,17 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
     return instance
 
 
+def _label_lists(value) -> tuple[tuple[str, ...], ...]:
+    """A list of lists of labels (each test's outcomes), checked in C passes as :func:`_labels`."""
+    if not isinstance(value, list) or not set(map(type, value)) <= {list}:
+        raise TypeError("expected a list of lists of strings")
+    if not set(map(type, itertools.chain.from_iterable(value))) <= {str}:
+        raise TypeError("expected a list of lists of strings")
+    return tuple(map(tuple, value))
+
+
 def _labels(value) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    # The types of 10⁴ hypothesis ids in one C pass (map), not a Python frame per label.
+    if not isinstance(value, list) or not set(map(type, value)) <= {str}:
         raise TypeError("expected a list of strings")
     return tuple(value)

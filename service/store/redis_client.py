@@ -53,6 +53,14 @@ _UNAVAILABLE_CLASSES = (redis.exceptions.ConnectionError, redis.exceptions.Timeo
                         ClusterDownError, ClusterError, TryAgainError, AskError, RedisClusterException)
 _UNAVAILABLE_REPLY = re.compile(r"(?:^|: )(?:LOADING|MASTERDOWN|READONLY|MISCONF|CLUSTERDOWN|TRYAGAIN|BUSY|NOREPLICAS)\b")
 _FULL_REPLY = re.compile(r"(?:^|: )OOM\b")
+# What CLIENT SETINFO tells Redis, read from the package metadata once: redis-py otherwise looks
+# its own version up for every new connection (~5 ms each, paid by a new worker's first request).
+try:
+    from redis.driver_info import DriverInfo
+
+    _DRIVER_INFO = {"driver_info": DriverInfo()}
+except ImportError:  # redis-py before DriverInfo: it looks the version up per connection, as it must
+    _DRIVER_INFO = {}
 
 
 def connect(url: str, *, cluster: bool = False, socket_timeout: float = COMMAND_TIMEOUT,
@@ -61,7 +69,8 @@ def connect(url: str, *, cluster: bool = False, socket_timeout: float = COMMAND_
     ``read_size``: bytes per socket read (larger for the pool that downloads instance bodies)."""
     options = dict(socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=socket_timeout, socket_read_size=read_size,
                    health_check_interval=HEALTH_CHECK_INTERVAL, socket_keepalive=True,
-                   retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)))
+                   retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
+                   **_DRIVER_INFO)
     if cluster:
         # One retry after a connection error or CLUSTERDOWN: the client re-reads the slot map in
         # between, so a request right after a promotion lands on the new master.
