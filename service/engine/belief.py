@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 
@@ -44,9 +44,16 @@ _PARALLEL_CELLS = 1 << 23
 # one vectorised sum per class: a handful of numpy calls in all, where the streamed pass pays
 # ~0.1 ms of fixed cost (run detection, blocks, complements) that dominates small steps.
 _DENSE_CELLS = 1 << 17
-# ... and the classes' sums are one GEMM with the matrix of class weights when that costs at most
-# this many multiplications (classes × rows × N × ℓ), else a per-class np.add.reduceat.
-_DENSE_FLOPS = 1 << 22
+# ... and the classes' sums are one GEMM with the matrix of class weights for at most this many
+# classes, else one weighted np.bincount (measured equal near 20 classes at 200 × 50).
+_DENSE_GEMM_RUNS = 16
+# The bit-plane pass (singleton classes, _Sums.add_bit_planes) looks up at most this many bytes of
+# a plane per block of groups: the block's tables and looked-up entries stay in the L2 cache.
+_LOOKUP_BLOCK = 1 << 16
+# It reads a byte per group of eight hypotheses whether or not all eight are alive; with fewer
+# than this many alive per group it touches (a version space thinned out by answers) the
+# cast-and-GEMV blocks, which read alive rows only, cost less.
+_MIN_GROUP_FILL = 3.5
 _helper_thread: ThreadPoolExecutor | None = None
 _helper_lock = threading.Lock()
 
@@ -301,7 +308,8 @@ class _Sums:
         # apart until the end so outcomes 0 and 1 come once from totals and first moments.
         self.linear_weights = [s for s in ("p", "sum_sq", "sum_xlogx") if getattr(self, s) is not None]
         self.linear = np.zeros((len(self.linear_weights), n_tests, width))
-        self.moment = np.zeros((len(self.linear_weights), n_tests))
+        # Σ_h u(h)·X_ht, from which outcome 1 follows at the end (cast-and-GEMV blocks only).
+        self.moment: np.ndarray | None = None
         self.total = np.zeros((len(self.linear_weights), 1))
         self.buffers: dict[str, np.ndarray] = {}
         self.has_singletons = False
@@ -356,6 +364,8 @@ class _Sums:
             for position, u in enumerate(weights):
                 self.linear[position, :, k] += u @ image
         if self.width >= 2:
+            if self.moment is None:
+                self.moment = np.zeros(self.linear.shape[:2])
             np.copyto(image, cells)
             for position, u in enumerate(weights):
                 self.moment[position] += u @ image
@@ -368,10 +378,60 @@ class _Sums:
                 np.multiply(mask, column, out=image)
                 np.maximum(self.max[:, k], image.max(axis=0), out=self.max[:, k])
 
+    def add_bit_planes(self, planes: np.ndarray, alive: np.ndarray, weight: np.ndarray, n_hypotheses: int) -> None:
+        """Deterministic singleton classes, all at once from the answers' bit planes
+        (CompiledInstance.outcome_bits): each statistic is Σ_h u(h)·[X_ht = k] for a weight
+        u ∈ {w, w², w log₂ w}, and bit j of byte (k − 1, g, t) is [X_{8g+j, t} = k]. So the sum
+        over the eight hypotheses of group g is entry (byte) of a 256-entry table of the subset
+        sums of their weights (the "Four Russians" trick): one lookup per eight cells, all the
+        weights at once, instead of a cast and a multiply-add per cell and weight. Groups with
+        no alive hypothesis are skipped; dead ones weigh 0. Outcome 0 comes from the totals."""
+        weights = self.linear_weight_rows(weight)
+        n_weights = len(weights)
+        group = alive >> 3
+        if alive.size == n_hypotheses:  # alive is 0 … n−1
+            touched, slots = None, alive
+        else:
+            starts = np.empty(alive.size, dtype=bool)
+            starts[0] = True
+            np.not_equal(group[1:], group[:-1], out=starts[1:])
+            touched = group[starts]
+            slots = 8 * (np.cumsum(starts) - 1) + (alive & 7)
+        n_groups = planes.shape[1] if touched is None else touched.size
+        member_weights = np.zeros((n_groups, 8, n_weights))
+        for position, u in enumerate(weights):
+            member_weights.reshape(-1, n_weights)[slots, position] = u
+        member_weights = member_weights.reshape(n_groups, 8 * n_weights)
+        subset_sums = _subset_sums(n_weights)
+        n_tests = planes.shape[2]
+        # A block's table and looked-up entries stay in the L2 cache: built whole, the tables
+        # (256 numbers per weight and group) would go to memory and back.
+        block = max(1, _LOOKUP_BLOCK // max(n_tests, 256))
+        offsets = 256 * np.arange(block)[:, None]
+        table = np.empty((block, 256 * n_weights))
+        index = np.empty((block, n_tests), dtype=np.intp)
+        looked_up = np.empty((block, n_tests, n_weights))
+        ones = np.ones(block)
+        counts = np.zeros((len(planes), n_tests * n_weights))
+        for start in range(0, n_groups, block):
+            stop = min(n_groups, start + block)
+            rows = stop - start
+            # Row g: entry (byte, s) = Σ_{j: bit j of byte} u_s(8g + j).
+            np.matmul(member_weights[start:stop], subset_sums, out=table[:rows])
+            for k, plane in enumerate(planes):
+                codes = plane[start:stop] if touched is None else plane[touched[start:stop]]
+                np.add(codes, offsets[:rows], out=index[:rows])
+                # Every index is in range by construction: "clip" skips the per-element check.
+                np.take(table.reshape(-1, n_weights), index[:rows], axis=0, out=looked_up[:rows], mode="clip")
+                counts[k] += ones[:rows] @ looked_up[:rows].reshape(rows, -1)
+        self.linear[:, :, 1:] += counts.reshape(len(planes), n_tests, n_weights).transpose(2, 1, 0)
+        self.total += np.array([[u.sum()] for u in weights])
+        self.has_singletons = True
+
     def finish(self, b: np.ndarray) -> OutcomeStats:
         if self.has_singletons:
             linear = self.linear
-            if self.width >= 2:
+            if self.moment is not None:
                 linear[:, :, 1] = self.moment - linear[:, :, 2:] @ np.arange(2, self.width, dtype=np.float64)
             linear[:, :, 0] = self.total - linear[:, :, 1:].sum(axis=2)
             for position, name in enumerate(self.linear_weights):
@@ -408,6 +468,12 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
 
     classes = inst.class_index[belief.alive]
     bounds = np.flatnonzero(np.diff(classes)) + 1
+    if deterministic and bounds.size + 1 == classes.size and "max" not in wanted and width >= 2:
+        alive = belief.alive
+        groups = 1 + np.count_nonzero((alive[1:] >> 3) != (alive[:-1] >> 3))
+        if alive.size >= _MIN_GROUP_FILL * groups and inst.outcome_bits is not None:
+            sums.add_bit_planes(inst.outcome_bits, alive, weight, inst.n_hypotheses)
+            return sums.finish(belief.class_mass / total)
     starts = np.concatenate(([0], bounds))
     ends = np.concatenate((bounds, [len(classes)]))
     sizes = ends - starts
@@ -446,33 +512,59 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
     return sums.finish(belief.class_mass / total)
 
 
+@cache
+def _subset_sums(n_weights: int) -> np.ndarray:
+    """(8·m, 256·m): maps a group's weights, laid out (hypothesis j, weight s), to its table of
+    subset sums, laid out (byte, weight s): entry ((j, s), (byte, s)) = bit j of byte."""
+    bits = (np.arange(256)[None, :] >> np.arange(8)[:, None]) & 1
+    return np.einsum("jv,st->jsvt", bits, np.eye(n_weights)).reshape(8 * n_weights, 256 * n_weights)
+
+
 def _dense_stats(belief: Belief, wanted: frozenset[str], weight: np.ndarray, b: np.ndarray) -> OutcomeStats:
     """Small beliefs: α as a whole (classes, ℓ, N) array, then each statistic is one reduction over
     its first axis. A(h, x, t) = P(X_t = x | h) (one-hot answers, or the likelihood rows);
-    a(i, x, t) = Σ_{h ∈ H_i ∩ V} w(h) A(h, x, t): the weights times A for singleton classes, else
-    one GEMM of the (classes × rows) matrix of weights with A, or a per-run sum when that GEMM
-    would do more than _DENSE_FLOPS multiplications. No complements: no round-off to bound."""
+    a(i, x, t) = Σ_{h ∈ H_i ∩ V} w(h) A(h, x, t):
+
+    * singleton classes: the weights times A;
+    * at most _DENSE_GEMM_RUNS classes: one GEMM of the (classes × rows) matrix of weights with A;
+    * more: one weighted ``np.bincount`` into the (class, x, t) cells, which reads each number
+      once where the GEMM would multiply it by every class's weight; on a deterministic instance
+      a row adds its weight to one cell per test, so no one-hot A is built at all.
+
+    No complements: an empty cell is exactly 0, no round-off to bound."""
     inst, alive = belief.instance, belief.alive
-    rows = len(alive)
-    if inst.outcomes is not None:
-        cells = inst.outcomes[alive]
-        # (rows, ℓ, N): the comparison's inner loop runs along the N tests, not the ℓ outcomes.
-        answers = cells[:, None, :] == np.arange(inst.max_outcomes, dtype=cells.dtype)[:, None]
-    else:
-        answers = inst.likelihood_by_outcome[alive]
+    rows, width, n_tests = len(alive), inst.max_outcomes, inst.n_tests
     classes = inst.class_index[alive]
     changes = classes[1:] != classes[:-1]
     n_runs = int(np.count_nonzero(changes)) + 1
-    if n_runs == rows:
-        a = answers * weight[:, None, None]
-    elif n_runs * answers.size <= _DENSE_FLOPS:
-        class_weights = np.zeros((n_runs, rows))
+    deterministic = inst.outcomes is not None
+    by_class = _DENSE_GEMM_RUNS < n_runs < rows
+    if by_class:
         run = np.concatenate(([0], np.cumsum(changes)))
-        class_weights[run, np.arange(rows)] = weight
-        a = (class_weights @ answers.reshape(rows, -1)).reshape(n_runs, *answers.shape[1:])
+    if deterministic and by_class:
+        cell = inst.outcomes[alive].astype(np.intp)  # → (run·ℓ + x)·N + t
+        cell += (width * run)[:, None]
+        cell *= n_tests
+        cell += np.arange(n_tests)
+        a = np.bincount(cell.reshape(-1), np.repeat(weight, n_tests), n_runs * width * n_tests)
+        a = a.reshape(n_runs, width, n_tests)
     else:
-        a = np.add.reduceat(answers * weight[:, None, None], np.concatenate(([0], np.flatnonzero(changes) + 1)),
-                            axis=0)
+        if deterministic:
+            cells = inst.outcomes[alive]
+            # (rows, ℓ, N): the comparison's inner loop runs along the N tests, not the ℓ outcomes.
+            answers = cells[:, None, :] == np.arange(width, dtype=cells.dtype)[:, None]
+        else:
+            answers = inst.likelihood_by_outcome[alive]
+        if n_runs == rows:
+            a = answers * weight[:, None, None]
+        elif by_class:
+            cell = (width * n_tests * run)[:, None] + np.arange(width * n_tests)
+            a = np.bincount(cell.reshape(-1), (answers.reshape(rows, -1) * weight[:, None]).reshape(-1),
+                            n_runs * width * n_tests).reshape(n_runs, width, n_tests)
+        else:
+            class_weights = np.zeros((n_runs, rows))
+            class_weights[np.concatenate(([0], np.cumsum(changes))), np.arange(rows)] = weight
+            a = (class_weights @ answers.reshape(rows, -1)).reshape(n_runs, width, n_tests)
     # (N, ℓ) views of the (ℓ, N) reductions.
     return OutcomeStats(
         a.sum(axis=0).T, b,

@@ -23,6 +23,10 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 # What one label costs in a tuple of Python strings: the str header (49 bytes for ASCII), its
 # characters, and the tuple's pointer, rounded up.
 LABEL_OVERHEAD_BYTES = 64
+# Deterministic instances with at most this many outcomes per test also keep their answers as bit
+# planes (:attr:`CompiledInstance.outcome_bits`, (ℓ − 1)/8 bytes per cell beside the 1 of the
+# matrix): beyond it the planes would outgrow what they save.
+BIT_PLANE_MAX_OUTCOMES = 4
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,6 +139,33 @@ class CompiledInstance:
         a one-off copy (cached) for a tensor built another way, e.g. decoded (n, N, ℓ) bytes."""
         by_outcome = self.likelihood.transpose(0, 2, 1)
         return by_outcome if by_outcome.flags.c_contiguous else np.ascontiguousarray(by_outcome)
+
+    @cached_property
+    def outcome_bits(self) -> np.ndarray | None:
+        """The answers as bit planes, eight hypotheses to a byte: (ℓ − 1, ⌈n/8⌉, N) uint8 whose
+        byte (k − 1, g, t) has bit j set when X_{8g+j, t} = k, for the outcomes k ≥ 1 (outcome
+        0 is what is left). The engine's singleton-class pass looks up each byte in a table of
+        the eight hypotheses' weights (belief.py). None for likelihood instances and beyond
+        BIT_PLANE_MAX_OUTCOMES. Built on first use; :attr:`derived_nbytes` counts it."""
+        if self.outcomes is None or self.max_outcomes > BIT_PLANE_MAX_OUTCOMES:
+            return None
+        n, n_tests = self.outcomes.shape
+        planes = np.zeros((self.max_outcomes - 1, -(-n // 8), n_tests), dtype=np.uint8)
+        for k, plane in enumerate(planes, start=1):
+            for bit in range(8):
+                rows = self.outcomes[bit::8]  # hypotheses bit, bit + 8, …: one per byte
+                plane[: len(rows)] |= (rows == k).view(np.uint8) << bit
+        return planes
+
+    @property
+    def derived_nbytes(self) -> int:
+        """Bytes of what the engine derives from the instance and keeps on it
+        (:attr:`outcome_bits`), counted whether built yet or not: a cache's budget must hold
+        them from the start."""
+        if self.outcomes is None or self.max_outcomes > BIT_PLANE_MAX_OUTCOMES:
+            return 0
+        n, n_tests = self.outcomes.shape
+        return (self.max_outcomes - 1) * -(-n // 8) * n_tests
 
     @cached_property
     def p_min(self) -> float:
