@@ -459,7 +459,7 @@ def test_every_hypothesis_its_own_class_agrees_with_the_reference(kind, policy, 
 # 3-row blocks, so big classes span several blocks and runs of small classes are cut into blocks of
 # whole classes (one class larger than a block is a block alone). "dense" is the whole-α path these
 # small instances take by default (class sums by one GEMM), "dense, per-class sums" the same with
-# the sums by one weighted np.bincount.
+# the sums by one weighted np.bincount (deterministic) or np.add.reduceat (likelihoods).
 PATH_SETTINGS = {"dense": None, "dense, per-class sums": None, "streamed": (None, None, None),
                  "tiny blocks": (4, 3, None), "big classes split over two threads": (4, 40, 0)}
 
@@ -509,6 +509,7 @@ def test_big_and_small_classes_mixed_agree_with_the_reference(kind, policy, sett
         model, observations, sizes = mixed_classes_case(20_000 + seed, kind)
         if setting == "dense, per-class sums":
             monkeypatch.setattr(belief_module, "_DENSE_GEMM_RUNS", 0)
+            monkeypatch.setattr(belief_module, "_DENSE_FLOPS", 0)
         if PATH_SETTINGS[setting] is not None:
             small, block, parallel = PATH_SETTINGS[setting]
             monkeypatch.setattr(belief_module, "_DENSE_CELLS", 0)

@@ -44,8 +44,11 @@ _PARALLEL_CELLS = 1 << 23
 # one vectorised sum per class: a handful of numpy calls in all, where the streamed pass pays
 # ~0.1 ms of fixed cost (run detection, blocks, complements) that dominates small steps.
 _DENSE_CELLS = 1 << 17
-# ... and the classes' sums are one GEMM with the matrix of class weights for at most this many
-# classes, else one weighted np.bincount (measured equal near 20 classes at 200 × 50).
+# ... and the classes' sums are one GEMM with the matrix of class weights when that costs at most
+# this many multiplications (classes × rows × N × ℓ), else a per-class np.add.reduceat; except
+# on deterministic instances with more than _DENSE_GEMM_RUNS classes, where one weighted
+# np.bincount of the answers is cheaper (measured equal near 16 classes at 200 × 50 × 2).
+_DENSE_FLOPS = 1 << 22
 _DENSE_GEMM_RUNS = 16
 # The bit-plane pass (singleton classes, _Sums.add_bit_planes) looks up at most this many bytes of
 # a plane per block of groups: the block's tables and looked-up entries stay in the L2 cache.
@@ -152,7 +155,7 @@ class Belief:
     support: np.ndarray | None = field(default=None, repr=False)
     log_posterior: np.ndarray | None = field(default=None, repr=False)
 
-    @property
+    @cached_property
     def total_mass(self) -> float:
         return float(self.mass.sum())
 
@@ -165,14 +168,16 @@ class Belief:
     def run_tests(self) -> np.ndarray:
         """(N,) bool: the tests answered at least once."""
         ran = np.zeros(self.instance.n_tests, dtype=bool)
-        ran[[t for t, _ in self.answers]] = True
+        if self.answers:
+            ran[[t for t, _ in self.answers]] = True
         return ran
 
     @cached_property
     def skipped_tests(self) -> np.ndarray:
         """(N,) bool: the tests the respondent skipped (never proposed again)."""
         skipped = np.zeros(self.instance.n_tests, dtype=bool)
-        skipped[[t for t, k in self.observations if k == SKIPPED]] = True
+        if len(self.answers) < len(self.observations):
+            skipped[[t for t, k in self.observations if k == SKIPPED]] = True
         return skipped
 
     @cached_property
@@ -252,22 +257,21 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
         # a handful of rows, not a column of the whole matrix.
         for t, k in new_answers:
             if alive is None:
-                alive = np.flatnonzero((inst.outcomes[:, t] == k) & (inst.prior > 0))
+                alive = ((inst.outcomes[:, t] == k) & (inst.prior > 0)).nonzero()[0]
             else:
                 alive = alive[inst.outcomes[alive, t] == k]
         if alive is None:
-            alive = np.flatnonzero(inst.prior > 0)
+            alive = (inst.prior > 0).nonzero()[0]
         if alive.size == 0:
             raise InconsistentObservation(_inconsistent_message(inst, answers))
         return Belief(inst, observations, alive, inst.prior[alive])
-    if done:
-        support, log_post = previous.support, previous.log_posterior
-    else:
-        with np.errstate(divide="ignore"):
-            log_post = np.log(inst.prior)
-        support = np.arange(inst.n_hypotheses)
-    rows = slice(None) if support.size == inst.n_hypotheses else support
     with np.errstate(divide="ignore"):
+        if done:
+            support, log_post = previous.support, previous.log_posterior
+        else:
+            log_post = np.log(inst.prior)
+            support = np.arange(inst.n_hypotheses)
+        rows = slice(None) if support.size == inst.n_hypotheses else support
         for t, k in new_answers:
             # The log of one column of likelihoods per observation: O(n), and no second
             # n × N × ℓ tensor of logs beside the instance.
@@ -275,15 +279,17 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
     top = log_post.max() if log_post.size else -np.inf
     if not np.isfinite(top):
         raise InconsistentObservation(_inconsistent_message(inst, answers))
-    finite = log_post > -np.inf
-    if not finite.all():
-        # Rows of probability 0 (log −∞) stay there whatever comes next: no need to carry them.
-        support, log_post = support[finite], log_post[finite]
     # Shift by the maximum before exponentiating: 500+ observations stay finite and exact.
     weight = np.exp(log_post - top)
     positive = weight > 0
-    alive = support if positive.all() else support[positive]
-    mass = weight[positive] if alive is not support else weight
+    if positive.all():
+        alive, mass = support, weight
+    else:
+        finite = log_post > -np.inf
+        if not finite.all():
+            # Rows of probability 0 (log −∞) stay there whatever comes next: no need to carry them.
+            support, log_post, weight, positive = support[finite], log_post[finite], weight[finite], positive[finite]
+        alive, mass = support[positive], weight[positive]
     return Belief(inst, observations, alive, mass / mass.sum(), support, log_post)
 
 
@@ -485,7 +491,7 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
     # Big classes' a(i, ·, ·) are folded in batches of ≤ _BLOCK_CELLS numbers: one vectorised
     # fold instead of a few small numpy calls per class.
     batch_classes = max(1, _BLOCK_CELLS // (n_tests * width))
-    arity = None if deterministic else np.array([len(labels) for labels in inst.outcome_labels])
+    arity = None if deterministic else inst.arity
     for first, last in zip(np.concatenate(([0], kind_changes)), np.concatenate((kind_changes, [len(starts)]))):
         if not small[first]:
             for batch in range(first, last, batch_classes):
@@ -526,22 +532,24 @@ def _dense_stats(belief: Belief, wanted: frozenset[str], weight: np.ndarray, b: 
     a(i, x, t) = Σ_{h ∈ H_i ∩ V} w(h) A(h, x, t):
 
     * singleton classes: the weights times A;
-    * at most _DENSE_GEMM_RUNS classes: one GEMM of the (classes × rows) matrix of weights with A;
-    * more: one weighted ``np.bincount`` into the (class, x, t) cells, which reads each number
-      once where the GEMM would multiply it by every class's weight; on a deterministic instance
-      a row adds its weight to one cell per test, so no one-hot A is built at all.
+    * deterministic, more than _DENSE_GEMM_RUNS classes: one weighted ``np.bincount`` of the
+      answers into the (class, x, t) cells; a row adds its weight to one cell per test, where a
+      GEMM would multiply every one-hot cell by every class's weight;
+    * else one GEMM of the (classes × rows) matrix of weights with A, or a per-class
+      ``np.add.reduceat`` when that GEMM would do more than _DENSE_FLOPS multiplications.
 
     No complements: an empty cell is exactly 0, no round-off to bound."""
-    inst, alive = belief.instance, belief.alive
-    rows, width, n_tests = len(alive), inst.max_outcomes, inst.n_tests
+    inst = belief.instance
+    rows, width, n_tests = len(belief.alive), inst.max_outcomes, inst.n_tests
+    alive = slice(None) if rows == inst.n_hypotheses else belief.alive  # every row: views, no copies
     classes = inst.class_index[alive]
     changes = classes[1:] != classes[:-1]
     n_runs = int(np.count_nonzero(changes)) + 1
     deterministic = inst.outcomes is not None
-    by_class = _DENSE_GEMM_RUNS < n_runs < rows
-    if by_class:
-        run = np.concatenate(([0], np.cumsum(changes)))
-    if deterministic and by_class:
+    if n_runs < rows:
+        run = np.zeros(rows, dtype=np.intp)
+        np.add.accumulate(changes, out=run[1:], dtype=np.intp)
+    if deterministic and _DENSE_GEMM_RUNS < n_runs < rows:
         cell = inst.outcomes[alive].astype(np.intp)  # → (run·ℓ + x)·N + t
         cell += (width * run)[:, None]
         cell *= n_tests
@@ -557,14 +565,13 @@ def _dense_stats(belief: Belief, wanted: frozenset[str], weight: np.ndarray, b: 
             answers = inst.likelihood_by_outcome[alive]
         if n_runs == rows:
             a = answers * weight[:, None, None]
-        elif by_class:
-            cell = (width * n_tests * run)[:, None] + np.arange(width * n_tests)
-            a = np.bincount(cell.reshape(-1), (answers.reshape(rows, -1) * weight[:, None]).reshape(-1),
-                            n_runs * width * n_tests).reshape(n_runs, width, n_tests)
-        else:
+        elif n_runs * answers.size <= _DENSE_FLOPS:
             class_weights = np.zeros((n_runs, rows))
-            class_weights[np.concatenate(([0], np.cumsum(changes))), np.arange(rows)] = weight
+            class_weights[run, np.arange(rows)] = weight
             a = (class_weights @ answers.reshape(rows, -1)).reshape(n_runs, width, n_tests)
+        else:
+            a = np.add.reduceat(answers * weight[:, None, None], np.concatenate(([0], changes.nonzero()[0] + 1)),
+                                axis=0)
     # (N, ℓ) views of the (ℓ, N) reductions.
     return OutcomeStats(
         a.sum(axis=0).T, b,

@@ -119,6 +119,11 @@ class CompiledInstance:
         return max(len(labels) for labels in self.outcome_labels)
 
     @cached_property
+    def arity(self) -> np.ndarray:
+        """(N,) intp: each test's number of outcomes (≤ max_outcomes)."""
+        return np.array([len(labels) for labels in self.outcome_labels], dtype=np.intp)
+
+    @cached_property
     def test_index(self) -> dict[str, int]:
         return {t: i for i, t in enumerate(self.test_ids)}
 
