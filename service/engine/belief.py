@@ -13,7 +13,7 @@ from functools import cache, cached_property
 
 import numpy as np
 
-from .compiled import CompiledInstance
+from .compiled import CompiledInstance, class_runs
 from .errors import ConflictingObservation, InconsistentObservation, UnknownOutcome, UnknownTest
 from .regions import PowerSums, power_sums, region_sets
 
@@ -44,12 +44,12 @@ _PARALLEL_CELLS = 1 << 23
 # one vectorised sum per class: a handful of numpy calls in all, where the streamed pass pays
 # ~0.1 ms of fixed cost (run detection, blocks, complements) that dominates small steps.
 _DENSE_CELLS = 1 << 17
-# ... and the classes' sums are one GEMM with the matrix of class weights when that costs at most
-# this many multiplications (classes × rows × N × ℓ), else a per-class np.add.reduceat; except
-# on deterministic instances with more than _DENSE_GEMM_RUNS classes, where one weighted
-# np.bincount of the answers is cheaper (measured equal near 16 classes at 200 × 50 × 2).
+# ... and the classes' sums are products of their rows padded to the longest class when that is
+# at most 1/_PADDED_RUNS of the rows, else one GEMM with the matrix of class weights when that
+# costs at most _DENSE_FLOPS multiplications (classes × rows × N × ℓ), else a per-class
+# np.add.reduceat.
+_PADDED_RUNS = 16
 _DENSE_FLOPS = 1 << 22
-_DENSE_GEMM_RUNS = 16
 # The bit-plane pass (singleton classes, _Sums.add_bit_planes) looks up at most this many bytes of
 # a plane per block of groups: the block's tables and looked-up entries stay in the L2 cache.
 _LOOKUP_BLOCK = 1 << 16
@@ -265,17 +265,17 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
         if alive.size == 0:
             raise InconsistentObservation(_inconsistent_message(inst, answers))
         return Belief(inst, observations, alive, inst.prior[alive])
-    with np.errstate(divide="ignore"):
-        if done:
-            support, log_post = previous.support, previous.log_posterior
-        else:
-            log_post = np.log(inst.prior)
-            support = np.arange(inst.n_hypotheses)
+    if done:
+        support, log_post = previous.support, previous.log_posterior
+    else:
+        support, log_post = np.arange(inst.n_hypotheses), inst.log_prior
+    if new_answers:
         rows = slice(None) if support.size == inst.n_hypotheses else support
-        for t, k in new_answers:
-            # The log of one column of likelihoods per observation: O(n), and no second
-            # n × N × ℓ tensor of logs beside the instance.
-            log_post = log_post + np.log(inst.likelihood[rows, t, k])
+        with np.errstate(divide="ignore"):
+            for t, k in new_answers:
+                # The log of one column of likelihoods per observation: O(n), and no second
+                # n × N × ℓ tensor of logs beside the instance.
+                log_post = log_post + np.log(inst.likelihood[rows, t, k])
     top = log_post.max() if log_post.size else -np.inf
     if not np.isfinite(top):
         raise InconsistentObservation(_inconsistent_message(inst, answers))
@@ -529,49 +529,44 @@ def _subset_sums(n_weights: int) -> np.ndarray:
 def _dense_stats(belief: Belief, wanted: frozenset[str], weight: np.ndarray, b: np.ndarray) -> OutcomeStats:
     """Small beliefs: α as a whole (classes, ℓ, N) array, then each statistic is one reduction over
     its first axis. A(h, x, t) = P(X_t = x | h) (one-hot answers, or the likelihood rows);
-    a(i, x, t) = Σ_{h ∈ H_i ∩ V} w(h) A(h, x, t):
+    a(i, x, t) = Σ_{h ∈ H_i ∩ V} w(h) A(h, x, t), the classes being runs of rows:
 
     * singleton classes: the weights times A;
-    * deterministic, more than _DENSE_GEMM_RUNS classes: one weighted ``np.bincount`` of the
-      answers into the (class, x, t) cells; a row adds its weight to one cell per test, where a
-      GEMM would multiply every one-hot cell by every class's weight;
+    * short runs (the longest ≤ 1/_PADDED_RUNS of the rows): the rows of A laid out in a table
+      of the runs padded to the longest, each run's sum one small product with its weights (a
+      batched GEMV reading each number once, where a GEMM would multiply it by every class);
     * else one GEMM of the (classes × rows) matrix of weights with A, or a per-class
       ``np.add.reduceat`` when that GEMM would do more than _DENSE_FLOPS multiplications.
 
     No complements: an empty cell is exactly 0, no round-off to bound."""
     inst = belief.instance
     rows, width, n_tests = len(belief.alive), inst.max_outcomes, inst.n_tests
-    alive = slice(None) if rows == inst.n_hypotheses else belief.alive  # every row: views, no copies
-    classes = inst.class_index[alive]
-    changes = classes[1:] != classes[:-1]
-    n_runs = int(np.count_nonzero(changes)) + 1
-    deterministic = inst.outcomes is not None
-    if n_runs < rows:
-        run = np.zeros(rows, dtype=np.intp)
-        np.add.accumulate(changes, out=run[1:], dtype=np.intp)
-    if deterministic and _DENSE_GEMM_RUNS < n_runs < rows:
-        cell = inst.outcomes[alive].astype(np.intp)  # → (run·ℓ + x)·N + t
-        cell += (width * run)[:, None]
-        cell *= n_tests
-        cell += np.arange(n_tests)
-        a = np.bincount(cell.reshape(-1), np.repeat(weight, n_tests), n_runs * width * n_tests)
-        a = a.reshape(n_runs, width, n_tests)
+    if rows == inst.n_hypotheses:  # every row: views, no copies
+        alive, runs = slice(None), inst.class_runs
     else:
-        if deterministic:
-            cells = inst.outcomes[alive]
-            # (rows, ℓ, N): the comparison's inner loop runs along the N tests, not the ℓ outcomes.
-            answers = cells[:, None, :] == np.arange(width, dtype=cells.dtype)[:, None]
-        else:
-            answers = inst.likelihood_by_outcome[alive]
-        if n_runs == rows:
-            a = answers * weight[:, None, None]
-        elif n_runs * answers.size <= _DENSE_FLOPS:
-            class_weights = np.zeros((n_runs, rows))
-            class_weights[run, np.arange(rows)] = weight
-            a = (class_weights @ answers.reshape(rows, -1)).reshape(n_runs, width, n_tests)
-        else:
-            a = np.add.reduceat(answers * weight[:, None, None], np.concatenate(([0], changes.nonzero()[0] + 1)),
-                                axis=0)
+        alive = belief.alive
+        runs = class_runs(inst.class_index[alive])
+    if inst.outcomes is not None:
+        cells = inst.outcomes[alive]
+        # (rows, ℓ, N): the comparison's inner loop runs along the N tests, not the ℓ outcomes.
+        answers = cells[:, None, :] == np.arange(width, dtype=cells.dtype)[:, None]
+    else:
+        answers = inst.likelihood_by_outcome[alive]
+    if runs.count == rows:
+        a = answers * weight[:, None, None]
+    elif runs.longest * _PADDED_RUNS <= rows:
+        padded = np.zeros((runs.count * runs.longest, width, n_tests))
+        padded[runs.slot] = answers
+        run_weights = np.zeros((runs.count, 1, runs.longest))
+        run_weights.reshape(-1)[runs.slot] = weight
+        a = np.matmul(run_weights, padded.reshape(runs.count, runs.longest, -1)).reshape(runs.count, width, n_tests)
+    elif runs.count * answers.size <= _DENSE_FLOPS:
+        class_weights = np.zeros((runs.count, rows))
+        class_weights[runs.run, np.arange(rows)] = weight
+        a = (class_weights @ answers.reshape(rows, -1)).reshape(runs.count, width, n_tests)
+    else:
+        a = np.add.reduceat(answers * weight[:, None, None], np.searchsorted(runs.run, np.arange(runs.count)),
+                            axis=0)
     # (N, ℓ) views of the (ℓ, N) reductions.
     return OutcomeStats(
         a.sum(axis=0).T, b,

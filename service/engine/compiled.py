@@ -11,6 +11,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -119,9 +120,24 @@ class CompiledInstance:
         return max(len(labels) for labels in self.outcome_labels)
 
     @cached_property
+    def log_prior(self) -> np.ndarray:
+        """log P(h), −∞ where the prior is 0: where every likelihood posterior starts."""
+        with np.errstate(divide="ignore"):
+            log_prior = np.log(self.prior)
+        log_prior.setflags(write=False)  # shared by every belief that starts from it
+        return log_prior
+
+    @cached_property
+    def class_runs(self) -> ClassRuns:
+        """:func:`class_runs` of every hypothesis."""
+        return class_runs(self.class_index)
+
+    @cached_property
     def arity(self) -> np.ndarray:
         """(N,) intp: each test's number of outcomes (≤ max_outcomes)."""
-        return np.array([len(labels) for labels in self.outcome_labels], dtype=np.intp)
+        arity = np.array([len(labels) for labels in self.outcome_labels], dtype=np.intp)
+        arity.setflags(write=False)
+        return arity
 
     @cached_property
     def test_index(self) -> dict[str, int]:
@@ -164,13 +180,14 @@ class CompiledInstance:
 
     @property
     def derived_nbytes(self) -> int:
-        """Bytes of what the engine derives from the instance and keeps on it
-        (:attr:`outcome_bits`), counted whether built yet or not: a cache's budget must hold
-        them from the start."""
+        """Bytes of what the engine derives from the instance and keeps on it (:attr:`outcome_bits`,
+        :attr:`log_prior`, :attr:`class_runs`, :attr:`arity`), counted whether built yet or not: a
+        cache's budget must hold them from the start."""
+        n, n_tests = self.n_hypotheses, self.n_tests
+        small = 24 * n + 8 * n_tests
         if self.outcomes is None or self.max_outcomes > BIT_PLANE_MAX_OUTCOMES:
-            return 0
-        n, n_tests = self.outcomes.shape
-        return (self.max_outcomes - 1) * -(-n // 8) * n_tests
+            return small
+        return small + (self.max_outcomes - 1) * -(-n // 8) * n_tests
 
     @cached_property
     def p_min(self) -> float:
@@ -219,6 +236,31 @@ class CompiledInstance:
         if self.skip_charged:
             put(b"skip_cost=charged")
         return digest.hexdigest()
+
+
+class ClassRuns(NamedTuple):
+    """Rows grouped by class, as contiguous runs: each row's run number 0, 1, … (``run``), the
+    number of runs (``count``), the length of the longest (``longest``), and each row's slot in a
+    (count × longest) table of the runs padded to the longest (``slot``)."""
+
+    run: np.ndarray
+    count: int
+    longest: int
+    slot: np.ndarray
+
+
+def class_runs(classes: np.ndarray) -> ClassRuns:
+    """The runs of equal values in ``classes`` (each row's class, rows grouped by class)."""
+    rows = classes.size
+    run = np.zeros(rows, dtype=np.intp)
+    np.add.accumulate(classes[1:] != classes[:-1], out=run[1:], dtype=np.intp)
+    count = int(run[-1]) + 1 if rows else 0
+    place = np.arange(rows) - np.searchsorted(run, np.arange(count))[run]
+    longest = int(place.max()) + 1 if rows else 0
+    slot = run * longest + place
+    for array in (run, slot):
+        array.setflags(write=False)  # cached on the instance, shared by every belief
+    return ClassRuns(run, count, longest, slot)
 
 
 def _nonempty_subsets(pattern: np.ndarray) -> np.ndarray:
