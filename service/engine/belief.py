@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from functools import cache, cached_property
+from functools import cache
 
 import numpy as np
 
@@ -135,6 +135,25 @@ def parse_observations(inst: CompiledInstance,
     return parsed
 
 
+class _cached:
+    """``functools.cached_property`` without the lock Python 3.11 takes on every first access
+    (~1 µs, and a step reads several): two threads racing on a belief at worst compute the same
+    value twice."""
+
+    def __init__(self, compute):
+        self.compute = compute
+        self.__doc__ = compute.__doc__
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.compute(instance)
+        return value
+
+
 @dataclass(frozen=True, eq=False)
 class Belief:
     """The state after ``observations`` (answers, and skips: ``(t, SKIPPED)``, which change no
@@ -155,16 +174,16 @@ class Belief:
     support: np.ndarray | None = field(default=None, repr=False)
     log_posterior: np.ndarray | None = field(default=None, repr=False)
 
-    @cached_property
+    @_cached
     def total_mass(self) -> float:
         return float(self.mass.sum())
 
-    @cached_property
+    @_cached
     def answers(self) -> tuple[Observation, ...]:
         """The observations that were answered (skips left out)."""
         return tuple((t, k) for t, k in self.observations if k != SKIPPED)
 
-    @cached_property
+    @_cached
     def run_tests(self) -> np.ndarray:
         """(N,) bool: the tests answered at least once."""
         ran = np.zeros(self.instance.n_tests, dtype=bool)
@@ -172,7 +191,7 @@ class Belief:
             ran[[t for t, _ in self.answers]] = True
         return ran
 
-    @cached_property
+    @_cached
     def skipped_tests(self) -> np.ndarray:
         """(N,) bool: the tests the respondent skipped (never proposed again)."""
         skipped = np.zeros(self.instance.n_tests, dtype=bool)
@@ -180,7 +199,7 @@ class Belief:
             skipped[[t for t, k in self.observations if k == SKIPPED]] = True
         return skipped
 
-    @cached_property
+    @_cached
     def cost_spent(self) -> float:
         """The cost of every answer (a repeated test each time), plus every skipped test's when
         the instance says ``skip_cost: charged``."""
@@ -188,13 +207,14 @@ class Belief:
         charged = self.observations if inst.skip_charged else self.answers
         return float(sum(inst.costs[t] for t, _ in charged))
 
-    @cached_property
+    @_cached
     def class_mass(self) -> np.ndarray:
         """β(i) = P(H_i ∩ V) (unnormalised for deterministic instances)."""
-        return np.bincount(self.instance.class_index[self.alive], weights=self.mass,
-                           minlength=self.instance.n_classes)
+        inst = self.instance
+        classes = inst.class_index if self.alive.size == inst.n_hypotheses else inst.class_index[self.alive]
+        return np.bincount(classes, weights=self.mass, minlength=inst.n_classes)
 
-    @cached_property
+    @_cached
     def class_posterior(self) -> np.ndarray:
         return self.class_mass / self.class_mass.sum()
 
@@ -277,7 +297,7 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
                 # n × N × ℓ tensor of logs beside the instance.
                 log_post = log_post + np.log(inst.likelihood[rows, t, k])
     top = log_post.max() if log_post.size else -np.inf
-    if not np.isfinite(top):
+    if top == -np.inf:  # log probabilities are ≤ 0
         raise InconsistentObservation(_inconsistent_message(inst, answers))
     # Shift by the maximum before exponentiating: 500+ observations stay finite and exact.
     weight = np.exp(log_post - top)
