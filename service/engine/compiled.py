@@ -130,7 +130,10 @@ class CompiledInstance:
     @cached_property
     def class_runs(self) -> ClassRuns:
         """:func:`class_runs` of every hypothesis."""
-        return class_runs(self.class_index)
+        runs = class_runs(self.class_index)
+        for array in (runs.run, runs.slot):
+            array.setflags(write=False)  # shared by every belief of the whole version space
+        return runs
 
     @cached_property
     def arity(self) -> np.ndarray:
@@ -257,10 +260,7 @@ def class_runs(classes: np.ndarray) -> ClassRuns:
     count = int(run[-1]) + 1 if rows else 0
     place = np.arange(rows) - np.searchsorted(run, np.arange(count))[run]
     longest = int(place.max()) + 1 if rows else 0
-    slot = run * longest + place
-    for array in (run, slot):
-        array.setflags(write=False)  # cached on the instance, shared by every belief
-    return ClassRuns(run, count, longest, slot)
+    return ClassRuns(run, count, longest, run * longest + place)
 
 
 def _nonempty_subsets(pattern: np.ndarray) -> np.ndarray:
