@@ -431,11 +431,14 @@ class _Sums:
         subset_sums = _subset_sums(n_weights)
         n_tests = planes.shape[2]
         # A block's table and looked-up entries stay in the L2 cache: built whole, the tables
-        # (256 numbers per weight and group) would go to memory and back.
+        # (256 numbers per weight and group) would go to memory and back. At most 256 groups.
         block = max(1, _LOOKUP_BLOCK // max(n_tests, 256))
-        offsets = 256 * np.arange(block)[:, None]
         table = np.empty((block, 256 * n_weights))
-        index = np.empty((block, n_tests), dtype=np.intp)
+        # Entry 256·g + byte of the block's table, with no arithmetic per lookup: the byte and g
+        # are the low and high bytes of a little-endian uint16 (np.take widens it to an index).
+        index_bytes = np.empty((block, n_tests, 2), dtype=np.uint8)
+        index_bytes[:, :, 1] = np.arange(block, dtype=np.uint8)[:, None]
+        index = index_bytes.view("<u2")[:, :, 0]
         looked_up = np.empty((block, n_tests, n_weights))
         ones = np.ones(block)
         counts = np.zeros((len(planes), n_tests * n_weights))
@@ -445,8 +448,7 @@ class _Sums:
             # Row g: entry (byte, s) = Σ_{j: bit j of byte} u_s(8g + j).
             np.matmul(member_weights[start:stop], subset_sums, out=table[:rows])
             for k, plane in enumerate(planes):
-                codes = plane[start:stop] if touched is None else plane[touched[start:stop]]
-                np.add(codes, offsets[:rows], out=index[:rows])
+                index_bytes[:rows, :, 0] = plane[start:stop] if touched is None else plane[touched[start:stop]]
                 # Every index is in range by construction: "clip" skips the per-element check.
                 np.take(table.reshape(-1, n_weights), index[:rows], axis=0, out=looked_up[:rows], mode="clip")
                 counts[k] += ones[:rows] @ looked_up[:rows].reshape(rows, -1)
