@@ -179,6 +179,7 @@ class CompiledInstance:
             for bit in range(8):
                 rows = self.outcomes[bit::8]  # hypotheses bit, bit + 8, …: one per byte
                 plane[: len(rows)] |= (rows == k).view(np.uint8) << bit
+        planes.setflags(write=False)
         return planes
 
     @property
