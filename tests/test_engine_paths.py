@@ -18,6 +18,7 @@ from service import engine
 from service.engine import belief as belief_module
 from service.engine.belief import xlog2x
 from service.engine.compiled import class_runs
+from service.store.cache import resident_bytes
 
 PATHS = {
     "dense": {},
@@ -170,15 +171,17 @@ def test_outcome_bits_hold_each_outcome_of_eight_hypotheses_per_byte():
             assert not ((bits[:, -1] >> (h % 8)) & 1).any()
 
 
-def test_derived_bytes_cover_what_the_engine_keeps_on_an_instance():
+def test_derived_bytes_cover_what_the_engine_keeps_on_an_instance_and_the_cache_counts_them():
     rng = np.random.default_rng(5)
     for kind in ("deterministic", "likelihood"):
         inst = random_instance(rng, kind, False, n=37, n_tests=6)
+        counted_before = resident_bytes(inst)
         engine.next_step(inst, [])
         kept = [inst.log_prior, inst.arity, inst.class_runs.run, inst.class_runs.slot]
         if inst.outcome_bits is not None:
             kept.append(inst.outcome_bits)
         assert inst.derived_nbytes >= sum(a.nbytes for a in kept)
+        assert resident_bytes(inst) == counted_before >= inst.nbytes + inst.derived_nbytes
 
 
 @pytest.mark.parametrize("classes", [[0], [0, 0, 0], [0, 1, 2], [4, 4, 1, 1, 1, 7, 2, 2], list(range(9)) + [9] * 5])

@@ -431,8 +431,9 @@ class _Sums:
         subset_sums = _subset_sums(n_weights)
         n_tests = planes.shape[2]
         # A block's table and looked-up entries stay in the L2 cache: built whole, the tables
-        # (256 numbers per weight and group) would go to memory and back. At most 256 groups.
-        block = max(1, _LOOKUP_BLOCK // max(n_tests, 256))
+        # (256 numbers per weight and group) would go to memory and back. At most 256 groups, so
+        # that g fits in a byte (below).
+        block = max(1, min(256, _LOOKUP_BLOCK // max(n_tests, 256)))
         table = np.empty((block, 256 * n_weights))
         # Entry 256·g + byte of the block's table, with no arithmetic per lookup: the byte and g
         # are the low and high bytes of a little-endian uint16 (np.take widens it to an index).
