@@ -2,7 +2,7 @@
 side by side in paired rounds, single-threaded.
 
     python3 bench/engine.py            # the tables in docs/engine.md
-    python3 bench/engine.py --quick    # fair floors and the late-session step only
+    python3 bench/engine.py --quick    # fair floors, the bit planes' one-off cost, the late-session step
     python3 bench/engine.py --all      # also effecxtive at (1e5, 1e3, 4-ary): 3.2 GB of likelihoods
 
 Everything runs on one thread: BLAS is limited to one thread (``OPENBLAS_NUM_THREADS`` and
@@ -215,6 +215,20 @@ def fair_floor_rows(rounds: int) -> None:
                   flush=True)
 
 
+def first_use_rows() -> None:
+    """What a deterministic instance builds on its first big singleton step and keeps: the bit
+    planes of its answers (CompiledInstance.outcome_bits), counted by the instance cache."""
+    print("\nBuilt on first use and kept on the instance (the answers' bit planes)\n")
+    print("| instance | build ms | MB | the answers' MB |\n|---|---:|---:|---:|")
+    for n, n_tests, arity in ((10_000, 1_000, 2), (10_000, 1_000, 4)):
+        inst = make_instance(n, n_tests, arity, "deterministic", n_classes=n)
+        start = time.perf_counter()
+        planes = inst.outcome_bits
+        build_ms = 1e3 * (time.perf_counter() - start)
+        print(f"| {n}×{n_tests}, ℓ={arity} | {build_ms:.1f} | {planes.nbytes / 2**20:.2f} | "
+              f"{inst.outcomes.nbytes / 2**20:.2f} |")
+
+
 def late_session_rows(rounds: int) -> None:
     """EC² at 5·10⁴ × 10³ after 10 answers of a hidden hypothesis (≈ 50 alive of 5·10⁴)."""
     inst = make_instance(50_000, 1_000, 2, "deterministic", seed=3)
@@ -315,13 +329,15 @@ def reference_speedup(rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fair floors and the late-session step only")
+    parser.add_argument("--quick", action="store_true",
+                        help="fair floors, the bit planes' one-off cost and the late-session step only")
     parser.add_argument("--all", action="store_true", help="also the 3.2 GB 4-ary likelihood instance")
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
 
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, numpy {np.__version__}\n")
     fair_floor_rows(args.rounds)
+    first_use_rows()
     late_session_rows(args.rounds)
     if not args.quick:
         split_rows(args.rounds, args.all)

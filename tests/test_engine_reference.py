@@ -40,15 +40,21 @@ def random_case(seed: int, kind: str):
     return model, observations
 
 
-# Small beliefs build α whole (belief._dense_stats); bigger ones stream it. The reference's
-# instances are small, so each agreement test runs both: as they come, and with the dense path off.
-STATISTICS_PATHS = {"dense": None, "streamed": 0}
+# Small beliefs build α whole (belief._dense_stats); bigger ones stream it, and stream singleton
+# classes of a deterministic instance from the answers' bit planes when enough of the hypotheses
+# are alive. The reference's instances are small, so each agreement test runs them all: as they
+# come, whole with the classes' rows padded to the longest class, streamed by cast-and-GEMV
+# blocks, and streamed from the bit planes whatever is alive.
+STATISTICS_PATHS = {"dense": {},
+                    "dense, padded runs": {"_PADDED_RUNS": 1},
+                    "streamed": {"_DENSE_CELLS": 0, "_MIN_GROUP_FILL": math.inf},
+                    "streamed, bit planes": {"_DENSE_CELLS": 0, "_MIN_GROUP_FILL": 0}}
 
 
 @pytest.fixture(params=sorted(STATISTICS_PATHS))
 def statistics_path(request, monkeypatch):
-    if STATISTICS_PATHS[request.param] is not None:
-        monkeypatch.setattr(belief_module, "_DENSE_CELLS", STATISTICS_PATHS[request.param])
+    for name, value in STATISTICS_PATHS[request.param].items():
+        monkeypatch.setattr(belief_module, name, value)
     return request.param
 
 
@@ -454,10 +460,11 @@ def test_every_hypothesis_its_own_class_agrees_with_the_reference(kind, policy, 
 # number of tests, for the streamed pass: the defaults, then classes of ≥ 4 rows taken as big with
 # 3-row blocks, so big classes span several blocks and runs of small classes are cut into blocks of
 # whole classes (one class larger than a block is a block alone). "dense" is the whole-α path these
-# small instances take by default (class sums by one GEMM), "dense, per-class sums" the same with
-# the sums by np.add.reduceat.
-PATH_SETTINGS = {"dense": None, "dense, per-class sums": None, "streamed": (None, None, None),
-                 "tiny blocks": (4, 3, None), "big classes split over two threads": (4, 40, 0)}
+# small instances take by default (class sums by one GEMM), "dense, padded runs" the same with the
+# classes' rows padded to the longest class, "dense, per-class sums" with np.add.reduceat.
+PATH_SETTINGS = {"dense": None, "dense, padded runs": None, "dense, per-class sums": None,
+                 "streamed": (None, None, None), "tiny blocks": (4, 3, None),
+                 "big classes split over two threads": (4, 40, 0)}
 
 
 def mixed_classes_case(seed: int, kind: str):
@@ -503,7 +510,10 @@ def test_big_and_small_classes_mixed_agree_with_the_reference(kind, policy, sett
     compared = 0
     for seed in range(30):
         model, observations, sizes = mixed_classes_case(20_000 + seed, kind)
+        if setting == "dense, padded runs":
+            monkeypatch.setattr(belief_module, "_PADDED_RUNS", 1)
         if setting == "dense, per-class sums":
+            monkeypatch.setattr(belief_module, "_PADDED_RUNS", math.inf)
             monkeypatch.setattr(belief_module, "_DENSE_FLOPS", 0)
         if PATH_SETTINGS[setting] is not None:
             small, block, parallel = PATH_SETTINGS[setting]

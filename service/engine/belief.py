@@ -9,11 +9,11 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cache
 
 import numpy as np
 
-from .compiled import CompiledInstance
+from .compiled import CompiledInstance, class_runs
 from .errors import ConflictingObservation, InconsistentObservation, UnknownOutcome, UnknownTest
 from .regions import PowerSums, power_sums, region_sets
 
@@ -44,9 +44,19 @@ _PARALLEL_CELLS = 1 << 23
 # one vectorised sum per class: a handful of numpy calls in all, where the streamed pass pays
 # ~0.1 ms of fixed cost (run detection, blocks, complements) that dominates small steps.
 _DENSE_CELLS = 1 << 17
-# ... and the classes' sums are one GEMM with the matrix of class weights when that costs at most
-# this many multiplications (classes × rows × N × ℓ), else a per-class np.add.reduceat.
+# ... and the classes' sums are products of their rows padded to the longest class when that is
+# at most 1/_PADDED_RUNS of the rows, else one GEMM with the matrix of class weights when that
+# costs at most _DENSE_FLOPS multiplications (classes × rows × N × ℓ), else a per-class
+# np.add.reduceat.
+_PADDED_RUNS = 16
 _DENSE_FLOPS = 1 << 22
+# The bit-plane pass (singleton classes, _Sums.add_bit_planes) looks up at most this many bytes of
+# a plane per block of groups: the block's tables and looked-up entries stay in the L2 cache.
+_LOOKUP_BLOCK = 1 << 16
+# It reads a byte per group of eight hypotheses whether or not all eight are alive; with fewer
+# than this many alive per group it touches (a version space thinned out by answers) the
+# cast-and-GEMV blocks, which read alive rows only, cost less.
+_MIN_GROUP_FILL = 3.5
 _helper_thread: ThreadPoolExecutor | None = None
 _helper_lock = threading.Lock()
 
@@ -125,6 +135,25 @@ def parse_observations(inst: CompiledInstance,
     return parsed
 
 
+class _cached:
+    """``functools.cached_property`` without the lock Python 3.11 takes on every first access
+    (~1 µs, and a step reads several): two threads racing on a belief at worst compute the same
+    value twice."""
+
+    def __init__(self, compute):
+        self.compute = compute
+        self.__doc__ = compute.__doc__
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.compute(instance)
+        return value
+
+
 @dataclass(frozen=True, eq=False)
 class Belief:
     """The state after ``observations`` (answers, and skips: ``(t, SKIPPED)``, which change no
@@ -145,30 +174,32 @@ class Belief:
     support: np.ndarray | None = field(default=None, repr=False)
     log_posterior: np.ndarray | None = field(default=None, repr=False)
 
-    @property
+    @_cached
     def total_mass(self) -> float:
         return float(self.mass.sum())
 
-    @cached_property
+    @_cached
     def answers(self) -> tuple[Observation, ...]:
         """The observations that were answered (skips left out)."""
         return tuple((t, k) for t, k in self.observations if k != SKIPPED)
 
-    @cached_property
+    @_cached
     def run_tests(self) -> np.ndarray:
         """(N,) bool: the tests answered at least once."""
         ran = np.zeros(self.instance.n_tests, dtype=bool)
-        ran[[t for t, _ in self.answers]] = True
+        if self.answers:
+            ran[[t for t, _ in self.answers]] = True
         return ran
 
-    @cached_property
+    @_cached
     def skipped_tests(self) -> np.ndarray:
         """(N,) bool: the tests the respondent skipped (never proposed again)."""
         skipped = np.zeros(self.instance.n_tests, dtype=bool)
-        skipped[[t for t, k in self.observations if k == SKIPPED]] = True
+        if len(self.answers) < len(self.observations):
+            skipped[[t for t, k in self.observations if k == SKIPPED]] = True
         return skipped
 
-    @cached_property
+    @_cached
     def cost_spent(self) -> float:
         """The cost of every answer (a repeated test each time), plus every skipped test's when
         the instance says ``skip_cost: charged``."""
@@ -176,13 +207,14 @@ class Belief:
         charged = self.observations if inst.skip_charged else self.answers
         return float(sum(inst.costs[t] for t, _ in charged))
 
-    @cached_property
+    @_cached
     def class_mass(self) -> np.ndarray:
         """β(i) = P(H_i ∩ V) (unnormalised for deterministic instances)."""
-        return np.bincount(self.instance.class_index[self.alive], weights=self.mass,
-                           minlength=self.instance.n_classes)
+        inst = self.instance
+        classes = inst.class_index if self.alive.size == inst.n_hypotheses else inst.class_index[self.alive]
+        return np.bincount(classes, weights=self.mass, minlength=inst.n_classes)
 
-    @cached_property
+    @_cached
     def class_posterior(self) -> np.ndarray:
         return self.class_mass / self.class_mass.sum()
 
@@ -245,38 +277,39 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
         # a handful of rows, not a column of the whole matrix.
         for t, k in new_answers:
             if alive is None:
-                alive = np.flatnonzero((inst.outcomes[:, t] == k) & (inst.prior > 0))
+                alive = ((inst.outcomes[:, t] == k) & (inst.prior > 0)).nonzero()[0]
             else:
                 alive = alive[inst.outcomes[alive, t] == k]
         if alive is None:
-            alive = np.flatnonzero(inst.prior > 0)
+            alive = (inst.prior > 0).nonzero()[0]
         if alive.size == 0:
             raise InconsistentObservation(_inconsistent_message(inst, answers))
         return Belief(inst, observations, alive, inst.prior[alive])
     if done:
         support, log_post = previous.support, previous.log_posterior
     else:
+        support, log_post = np.arange(inst.n_hypotheses), inst.log_prior
+    if new_answers:
+        rows = slice(None) if support.size == inst.n_hypotheses else support
         with np.errstate(divide="ignore"):
-            log_post = np.log(inst.prior)
-        support = np.arange(inst.n_hypotheses)
-    rows = slice(None) if support.size == inst.n_hypotheses else support
-    with np.errstate(divide="ignore"):
-        for t, k in new_answers:
-            # The log of one column of likelihoods per observation: O(n), and no second
-            # n × N × ℓ tensor of logs beside the instance.
-            log_post = log_post + np.log(inst.likelihood[rows, t, k])
+            for t, k in new_answers:
+                # The log of one column of likelihoods per observation: O(n), and no second
+                # n × N × ℓ tensor of logs beside the instance.
+                log_post = log_post + np.log(inst.likelihood[rows, t, k])
     top = log_post.max() if log_post.size else -np.inf
-    if not np.isfinite(top):
+    if top == -np.inf:  # log probabilities are ≤ 0
         raise InconsistentObservation(_inconsistent_message(inst, answers))
-    finite = log_post > -np.inf
-    if not finite.all():
-        # Rows of probability 0 (log −∞) stay there whatever comes next: no need to carry them.
-        support, log_post = support[finite], log_post[finite]
     # Shift by the maximum before exponentiating: 500+ observations stay finite and exact.
     weight = np.exp(log_post - top)
     positive = weight > 0
-    alive = support if positive.all() else support[positive]
-    mass = weight[positive] if alive is not support else weight
+    if positive.all():
+        alive, mass = support, weight
+    else:
+        finite = log_post > -np.inf
+        if not finite.all():
+            # Rows of probability 0 (log −∞) stay there whatever comes next: no need to carry them.
+            support, log_post, weight, positive = support[finite], log_post[finite], weight[finite], positive[finite]
+        alive, mass = support[positive], weight[positive]
     return Belief(inst, observations, alive, mass / mass.sum(), support, log_post)
 
 
@@ -301,7 +334,8 @@ class _Sums:
         # apart until the end so outcomes 0 and 1 come once from totals and first moments.
         self.linear_weights = [s for s in ("p", "sum_sq", "sum_xlogx") if getattr(self, s) is not None]
         self.linear = np.zeros((len(self.linear_weights), n_tests, width))
-        self.moment = np.zeros((len(self.linear_weights), n_tests))
+        # Σ_h u(h)·X_ht, from which outcome 1 follows at the end (cast-and-GEMV blocks only).
+        self.moment: np.ndarray | None = None
         self.total = np.zeros((len(self.linear_weights), 1))
         self.buffers: dict[str, np.ndarray] = {}
         self.has_singletons = False
@@ -356,6 +390,8 @@ class _Sums:
             for position, u in enumerate(weights):
                 self.linear[position, :, k] += u @ image
         if self.width >= 2:
+            if self.moment is None:
+                self.moment = np.zeros(self.linear.shape[:2])
             np.copyto(image, cells)
             for position, u in enumerate(weights):
                 self.moment[position] += u @ image
@@ -368,10 +404,63 @@ class _Sums:
                 np.multiply(mask, column, out=image)
                 np.maximum(self.max[:, k], image.max(axis=0), out=self.max[:, k])
 
+    def add_bit_planes(self, planes: np.ndarray, alive: np.ndarray, weight: np.ndarray, n_hypotheses: int) -> None:
+        """Deterministic singleton classes, all at once from the answers' bit planes
+        (CompiledInstance.outcome_bits): each statistic is Σ_h u(h)·[X_ht = k] for a weight
+        u ∈ {w, w², w log₂ w}, and bit j of byte (k − 1, g, t) is [X_{8g+j, t} = k]. So the sum
+        over the eight hypotheses of group g is entry (byte) of a 256-entry table of the subset
+        sums of their weights (the "Four Russians" trick): one lookup per eight cells, all the
+        weights at once, instead of a cast and a multiply-add per cell and weight. Groups with
+        no alive hypothesis are skipped; dead ones weigh 0. Outcome 0 comes from the totals."""
+        weights = self.linear_weight_rows(weight)
+        n_weights = len(weights)
+        group = alive >> 3
+        if alive.size == n_hypotheses:  # alive is 0 … n−1
+            touched, slots = None, alive
+        else:
+            starts = np.empty(alive.size, dtype=bool)
+            starts[0] = True
+            np.not_equal(group[1:], group[:-1], out=starts[1:])
+            touched = group[starts]
+            slots = 8 * (np.cumsum(starts) - 1) + (alive & 7)
+        n_groups = planes.shape[1] if touched is None else touched.size
+        member_weights = np.zeros((n_groups, 8, n_weights))
+        for position, u in enumerate(weights):
+            member_weights.reshape(-1, n_weights)[slots, position] = u
+        member_weights = member_weights.reshape(n_groups, 8 * n_weights)
+        subset_sums = _subset_sums(n_weights)
+        n_tests = planes.shape[2]
+        # A block's table and looked-up entries stay in the L2 cache: built whole, the tables
+        # (256 numbers per weight and group) would go to memory and back. At most 256 groups, so
+        # that g fits in a byte (below).
+        block = max(1, min(256, _LOOKUP_BLOCK // max(n_tests, 256)))
+        table = np.empty((block, 256 * n_weights))
+        # Entry 256·g + byte of the block's table, with no arithmetic per lookup: the byte and g
+        # are the low and high bytes of a little-endian uint16 (np.take widens it to an index).
+        index_bytes = np.empty((block, n_tests, 2), dtype=np.uint8)
+        index_bytes[:, :, 1] = np.arange(block, dtype=np.uint8)[:, None]
+        index = index_bytes.view("<u2")[:, :, 0]
+        looked_up = np.empty((block, n_tests, n_weights))
+        ones = np.ones(block)
+        counts = np.zeros((len(planes), n_tests * n_weights))
+        for start in range(0, n_groups, block):
+            stop = min(n_groups, start + block)
+            rows = stop - start
+            # Row g: entry (byte, s) = Σ_{j: bit j of byte} u_s(8g + j).
+            np.matmul(member_weights[start:stop], subset_sums, out=table[:rows])
+            for k, plane in enumerate(planes):
+                index_bytes[:rows, :, 0] = plane[start:stop] if touched is None else plane[touched[start:stop]]
+                # Every index is in range by construction: "clip" skips the per-element check.
+                np.take(table.reshape(-1, n_weights), index[:rows], axis=0, out=looked_up[:rows], mode="clip")
+                counts[k] += ones[:rows] @ looked_up[:rows].reshape(rows, -1)
+        self.linear[:, :, 1:] += counts.reshape(len(planes), n_tests, n_weights).transpose(2, 1, 0)
+        self.total += np.array([[u.sum()] for u in weights])
+        self.has_singletons = True
+
     def finish(self, b: np.ndarray) -> OutcomeStats:
         if self.has_singletons:
             linear = self.linear
-            if self.width >= 2:
+            if self.moment is not None:
                 linear[:, :, 1] = self.moment - linear[:, :, 2:] @ np.arange(2, self.width, dtype=np.float64)
             linear[:, :, 0] = self.total - linear[:, :, 1:].sum(axis=2)
             for position, name in enumerate(self.linear_weights):
@@ -408,6 +497,12 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
 
     classes = inst.class_index[belief.alive]
     bounds = np.flatnonzero(np.diff(classes)) + 1
+    if deterministic and bounds.size + 1 == classes.size and "max" not in wanted and width >= 2:
+        alive = belief.alive
+        groups = 1 + np.count_nonzero((alive[1:] >> 3) != (alive[:-1] >> 3))
+        if alive.size >= _MIN_GROUP_FILL * groups and inst.outcome_bits is not None:
+            sums.add_bit_planes(inst.outcome_bits, alive, weight, inst.n_hypotheses)
+            return sums.finish(belief.class_mass / total)
     starts = np.concatenate(([0], bounds))
     ends = np.concatenate((bounds, [len(classes)]))
     sizes = ends - starts
@@ -419,7 +514,7 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
     # Big classes' a(i, ·, ·) are folded in batches of ≤ _BLOCK_CELLS numbers: one vectorised
     # fold instead of a few small numpy calls per class.
     batch_classes = max(1, _BLOCK_CELLS // (n_tests * width))
-    arity = None if deterministic else np.array([len(labels) for labels in inst.outcome_labels])
+    arity = None if deterministic else inst.arity
     for first, last in zip(np.concatenate(([0], kind_changes)), np.concatenate((kind_changes, [len(starts)]))):
         if not small[first]:
             for batch in range(first, last, batch_classes):
@@ -446,32 +541,54 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
     return sums.finish(belief.class_mass / total)
 
 
+@cache
+def _subset_sums(n_weights: int) -> np.ndarray:
+    """(8·m, 256·m): maps a group's weights, laid out (hypothesis j, weight s), to its table of
+    subset sums, laid out (byte, weight s): entry ((j, s), (byte, s)) = bit j of byte."""
+    bits = (np.arange(256)[None, :] >> np.arange(8)[:, None]) & 1
+    return np.einsum("jv,st->jsvt", bits, np.eye(n_weights)).reshape(8 * n_weights, 256 * n_weights)
+
+
 def _dense_stats(belief: Belief, wanted: frozenset[str], weight: np.ndarray, b: np.ndarray) -> OutcomeStats:
     """Small beliefs: α as a whole (classes, ℓ, N) array, then each statistic is one reduction over
     its first axis. A(h, x, t) = P(X_t = x | h) (one-hot answers, or the likelihood rows);
-    a(i, x, t) = Σ_{h ∈ H_i ∩ V} w(h) A(h, x, t): the weights times A for singleton classes, else
-    one GEMM of the (classes × rows) matrix of weights with A, or a per-run sum when that GEMM
-    would do more than _DENSE_FLOPS multiplications. No complements: no round-off to bound."""
-    inst, alive = belief.instance, belief.alive
-    rows = len(alive)
+    a(i, x, t) = Σ_{h ∈ H_i ∩ V} w(h) A(h, x, t), the classes being runs of rows:
+
+    * singleton classes: the weights times A;
+    * short runs (the longest ≤ 1/_PADDED_RUNS of the rows): the rows of A laid out in a table
+      of the runs padded to the longest, each run's sum one small product with its weights (a
+      batched GEMV reading each number once, where a GEMM would multiply it by every class);
+    * else one GEMM of the (classes × rows) matrix of weights with A, or a per-class
+      ``np.add.reduceat`` when that GEMM would do more than _DENSE_FLOPS multiplications.
+
+    No complements: an empty cell is exactly 0, no round-off to bound."""
+    inst = belief.instance
+    rows, width, n_tests = len(belief.alive), inst.max_outcomes, inst.n_tests
+    if rows == inst.n_hypotheses:  # every row: views, no copies
+        alive, runs = slice(None), inst.class_runs
+    else:
+        alive = belief.alive
+        runs = class_runs(inst.class_index[alive])
     if inst.outcomes is not None:
         cells = inst.outcomes[alive]
         # (rows, ℓ, N): the comparison's inner loop runs along the N tests, not the ℓ outcomes.
-        answers = cells[:, None, :] == np.arange(inst.max_outcomes, dtype=cells.dtype)[:, None]
+        answers = cells[:, None, :] == np.arange(width, dtype=cells.dtype)[:, None]
     else:
         answers = inst.likelihood_by_outcome[alive]
-    classes = inst.class_index[alive]
-    changes = classes[1:] != classes[:-1]
-    n_runs = int(np.count_nonzero(changes)) + 1
-    if n_runs == rows:
+    if runs.count == rows:
         a = answers * weight[:, None, None]
-    elif n_runs * answers.size <= _DENSE_FLOPS:
-        class_weights = np.zeros((n_runs, rows))
-        run = np.concatenate(([0], np.cumsum(changes)))
-        class_weights[run, np.arange(rows)] = weight
-        a = (class_weights @ answers.reshape(rows, -1)).reshape(n_runs, *answers.shape[1:])
+    elif runs.longest * _PADDED_RUNS <= rows:
+        padded = np.zeros((runs.count * runs.longest, width, n_tests))
+        padded[runs.slot] = answers
+        run_weights = np.zeros((runs.count, 1, runs.longest))
+        run_weights.reshape(-1)[runs.slot] = weight
+        a = np.matmul(run_weights, padded.reshape(runs.count, runs.longest, -1)).reshape(runs.count, width, n_tests)
+    elif runs.count * answers.size <= _DENSE_FLOPS:
+        class_weights = np.zeros((runs.count, rows))
+        class_weights[runs.run, np.arange(rows)] = weight
+        a = (class_weights @ answers.reshape(rows, -1)).reshape(runs.count, width, n_tests)
     else:
-        a = np.add.reduceat(answers * weight[:, None, None], np.concatenate(([0], np.flatnonzero(changes) + 1)),
+        a = np.add.reduceat(answers * weight[:, None, None], np.searchsorted(runs.run, np.arange(runs.count)),
                             axis=0)
     # (N, ℓ) views of the (ℓ, N) reductions.
     return OutcomeStats(

@@ -11,6 +11,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,6 +24,10 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 # What one label costs in a tuple of Python strings: the str header (49 bytes for ASCII), its
 # characters, and the tuple's pointer, rounded up.
 LABEL_OVERHEAD_BYTES = 64
+# Deterministic instances with at most this many outcomes per test also keep their answers as bit
+# planes (:attr:`CompiledInstance.outcome_bits`, (ℓ − 1)/8 bytes per cell beside the 1 of the
+# matrix): beyond it the planes would outgrow what they save.
+BIT_PLANE_MAX_OUTCOMES = 4
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,6 +120,29 @@ class CompiledInstance:
         return max(len(labels) for labels in self.outcome_labels)
 
     @cached_property
+    def log_prior(self) -> np.ndarray:
+        """log P(h), −∞ where the prior is 0: where every likelihood posterior starts."""
+        with np.errstate(divide="ignore"):
+            log_prior = np.log(self.prior)
+        log_prior.setflags(write=False)  # shared by every belief that starts from it
+        return log_prior
+
+    @cached_property
+    def class_runs(self) -> ClassRuns:
+        """:func:`class_runs` of every hypothesis."""
+        runs = class_runs(self.class_index)
+        for array in (runs.run, runs.slot):
+            array.setflags(write=False)  # shared by every belief of the whole version space
+        return runs
+
+    @cached_property
+    def arity(self) -> np.ndarray:
+        """(N,) intp: each test's number of outcomes (≤ max_outcomes)."""
+        arity = np.array([len(labels) for labels in self.outcome_labels], dtype=np.intp)
+        arity.setflags(write=False)
+        return arity
+
+    @cached_property
     def test_index(self) -> dict[str, int]:
         return {t: i for i, t in enumerate(self.test_ids)}
 
@@ -144,6 +172,39 @@ class CompiledInstance:
         if self.outcomes is None or self.outcomes.dtype != np.uint8 or self.max_outcomes > 2:
             return None
         return np.packbits(self.outcomes, axis=1)
+
+    @cached_property
+    def outcome_bits(self) -> np.ndarray | None:
+        """The answers as bit planes, eight hypotheses to a byte: (ℓ − 1, ⌈n/8⌉, N) uint8 whose
+        byte (k − 1, g, t) has bit j set when X_{8g+j, t} = k, for the outcomes k ≥ 1 (outcome
+        0 is what is left). The engine's singleton-class pass looks up each byte in a table of
+        the eight hypotheses' weights (belief.py). None for likelihood instances and beyond
+        BIT_PLANE_MAX_OUTCOMES. Built on first use; :attr:`derived_nbytes` counts it."""
+        if self.outcomes is None or self.max_outcomes > BIT_PLANE_MAX_OUTCOMES:
+            return None
+        n, n_tests = self.outcomes.shape
+        planes = np.zeros((self.max_outcomes - 1, -(-n // 8), n_tests), dtype=np.uint8)
+        for k, plane in enumerate(planes, start=1):
+            for bit in range(8):
+                rows = self.outcomes[bit::8]  # hypotheses bit, bit + 8, …: one per byte
+                plane[: len(rows)] |= (rows == k).view(np.uint8) << bit
+        planes.setflags(write=False)
+        return planes
+
+    @property
+    def derived_nbytes(self) -> int:
+        """Bytes of what the engine derives from the instance and keeps on it (:attr:`outcome_bits`,
+        :attr:`packed_outcomes`, :attr:`log_prior`, :attr:`class_runs`, :attr:`arity`), counted
+        whether built yet or not: a cache's budget must hold them from the start."""
+        n, n_tests = self.n_hypotheses, self.n_tests
+        derived = 24 * n + 8 * n_tests
+        if self.outcomes is None:
+            return derived
+        if self.outcomes.dtype == np.uint8 and self.max_outcomes <= 2:
+            derived += n * -(-n_tests // 8)
+        if self.max_outcomes <= BIT_PLANE_MAX_OUTCOMES:
+            derived += (self.max_outcomes - 1) * -(-n // 8) * n_tests
+        return derived
 
     @cached_property
     def p_min(self) -> float:
@@ -192,6 +253,28 @@ class CompiledInstance:
         if self.skip_charged:
             put(b"skip_cost=charged")
         return digest.hexdigest()
+
+
+class ClassRuns(NamedTuple):
+    """Rows grouped by class, as contiguous runs: each row's run number 0, 1, … (``run``), the
+    number of runs (``count``), the length of the longest (``longest``), and each row's slot in a
+    (count × longest) table of the runs padded to the longest (``slot``)."""
+
+    run: np.ndarray
+    count: int
+    longest: int
+    slot: np.ndarray
+
+
+def class_runs(classes: np.ndarray) -> ClassRuns:
+    """The runs of equal values in ``classes`` (each row's class, rows grouped by class)."""
+    rows = classes.size
+    run = np.zeros(rows, dtype=np.intp)
+    np.add.accumulate(classes[1:] != classes[:-1], out=run[1:], dtype=np.intp)
+    count = int(run[-1]) + 1 if rows else 0
+    place = np.arange(rows) - np.searchsorted(run, np.arange(count))[run]
+    longest = int(place.max()) + 1 if rows else 0
+    return ClassRuns(run, count, longest, run * longest + place)
 
 
 def _nonempty_subsets(pattern: np.ndarray) -> np.ndarray:

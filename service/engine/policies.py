@@ -52,8 +52,7 @@ def ec2_gain(stats: OutcomeStats) -> np.ndarray:
 def effecxtive_gain(stats: OutcomeStats) -> np.ndarray:
     """Δ_Eff(t) = Σ_x p(x) Σ_i P(i | x)² − Σ_i b(i)² on class posteriors (Rényi-2 gain)."""
     p = stats.p
-    with np.errstate(divide="ignore", invalid="ignore"):
-        expected = np.where(p > 0, stats.sum_sq / np.where(p > 0, p, 1.0), 0.0).sum(axis=1)
+    expected = np.divide(stats.sum_sq, p, out=np.zeros_like(p), where=p > 0).sum(axis=1)
     return expected - np.dot(stats.b, stats.b)
 
 

@@ -29,6 +29,8 @@ DEFAULT_LIKELIHOOD_CONFIDENCE = 0.95
 # conditioned beliefs evaluated per step, and cells (hypotheses × tests) they pass over.
 MAX_BATCH_BRANCHES = 4096
 MAX_BATCH_CELLS = 200_000_000
+# What the indistinguishability check of class policies on deterministic instances reads (Δ_EC).
+_EDGE_STATISTICS = POLICIES["ec2"].statistics
 
 
 class StopReason(StrEnum):
@@ -127,12 +129,11 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     With ``batch_size`` k > 1, :attr:`Decision.batch` extends the choice greedily on the batch's
     joint outcomes (:func:`greedy_batch`)."""
     inst = belief.instance
-    scores = np.full(inst.n_tests, np.nan)
     if rules.max_expected_loss is not None and inst.loss is None:
         raise StopRuleNotApplicable("max_expected_loss needs a decision instance with losses ('loss' or 'loss_matrix')")
 
-    def stop(reason: StopReason) -> Decision:
-        return Decision(belief, None, reason, scores)
+    def stop(reason: StopReason, scores: np.ndarray | None = None) -> Decision:
+        return Decision(belief, None, reason, np.full(inst.n_tests, np.nan) if scores is None else scores)
 
     confidence = rules.effective_confidence(inst)
     if policy.decision:
@@ -148,21 +149,25 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     if rules.max_tests is not None and answered >= rules.max_tests:
         return stop(StopReason.MAX_TESTS)
     unrun = ~belief.run_tests
-    open_tests = unrun | inst.repeatable_tests
-    available = open_tests & ~belief.skipped_tests
+    open_tests = unrun if inst.repeatable is None else unrun | inst.repeatable_tests
+    available = open_tests if answered == len(belief.observations) else open_tests & ~belief.skipped_tests
     if excluded is not None:
-        available &= ~excluded
+        available = available & ~excluded
     # One pass over the alive cells computes what the policy reads (and, on deterministic
     # instances, what the indistinguishability check reads: Δ_EC needs Σ_i a²).
     class_edges = inst.kind == "deterministic" and not policy.decision
-    statistics = policy.statistics | (POLICIES["ec2"].statistics if class_edges else frozenset())
+    statistics = policy.statistics | _EDGE_STATISTICS if class_edges else policy.statistics
     stats = belief.outcome_stats(statistics)
+    gain = None
     if class_edges:
         # Policy-independent: can any unrun test still cut an edge between classes? A gain above
         # the tolerance says yes; otherwise the outcomes themselves decide, exactly (a class
         # too light for the tolerance is not "indistinguishable").
-        if not (ec2_gain(stats)[unrun] > ZERO_GAIN).any() and not splits(belief, unrun):
+        edge_gain = ec2_gain(stats)
+        if not (edge_gain[unrun] > ZERO_GAIN).any() and not splits(belief, unrun):
             return stop(StopReason.INDISTINGUISHABLE)
+        if policy.gain is ec2_gain:
+            gain = edge_gain
     elif inst.kind == "deterministic":
         # Undecided, so every split of V cuts a hyperedge: does an unrun test split V? The region
         # sums give p(x) as sums of positive masses, exactly 0 for an outcome nobody in V gives.
@@ -170,22 +175,24 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
             return stop(StopReason.INDISTINGUISHABLE)
     if not open_tests.any():
         return stop(StopReason.TESTS_EXHAUSTED)
-    gain = policy.gain(stats)
-    eligible = available.copy()
+    if gain is None:
+        gain = policy.gain(stats)
+    eligible = available
     if rules.max_cost is not None:
-        eligible &= belief.cost_spent + inst.costs <= rules.max_cost * (1 + BUDGET_TOLERANCE)
+        eligible = available & (belief.cost_spent + inst.costs <= rules.max_cost * (1 + BUDGET_TOLERANCE))
         if available.any() and not eligible.any():
             return stop(StopReason.BUDGET_EXHAUSTED)
-    informative = eligible & (gain > ZERO_GAIN)
+    positive = gain > ZERO_GAIN
+    informative = eligible & positive
     scale = belief.total_mass ** policy.score_power
-    scores[eligible] = np.maximum(gain[eligible], 0.0) * scale / inst.costs[eligible]
+    scores = np.where(eligible, np.maximum(gain, 0.0) * scale / inst.costs, np.nan)
     if not informative.any():
-        beyond_budget = available & ~eligible & (gain > ZERO_GAIN)
-        return stop(StopReason.BUDGET_EXHAUSTED if beyond_budget.any() else StopReason.NO_INFORMATIVE_TEST)
+        beyond_budget = available & ~eligible & positive
+        return stop(StopReason.BUDGET_EXHAUSTED if beyond_budget.any() else StopReason.NO_INFORMATIVE_TEST, scores)
 
     if policy.seeded:
         # Seeded by (seed, step) so a replay of the same observations picks the same test.
-        candidates = np.flatnonzero(informative)
+        candidates = informative.nonzero()[0]
         rng = np.random.default_rng([seed, len(belief.observations)])
         chosen = int(rng.choice(candidates))
         batch: tuple[int, ...] = (chosen,)
@@ -202,8 +209,8 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
 
 
 def _earliest_best(ratio: np.ndarray) -> int:
-    best = ratio.max()
-    return int(np.flatnonzero(ratio >= best - TIE_TOLERANCE * abs(best))[0])
+    best = ratio[ratio.argmax()]
+    return int((ratio >= best - TIE_TOLERANCE * abs(best)).argmax())
 
 
 def _batch_room(belief: Belief, rules: StopRules, batch_size: int) -> tuple[int, float]:
