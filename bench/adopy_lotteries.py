@@ -2,7 +2,9 @@
 
 Run by ``bench/repeatable.py --adopy PYTHON``, in an environment of its own (ADOpy 0.4.1 needs
 ``numpy<1.24``), so it imports nothing from edgecut: it reads the instance and the subjects from
-an ``.npz`` written by repeatable.py and writes its results as JSON::
+an ``.npz`` written by repeatable.py (the instance, and the subjects this process runs: their
+indices and true hypotheses) and writes, per answer model and subject, whether the MAP class is
+the true one and its posterior probability after 0..answers answers, as JSON::
 
     PYTHON bench/adopy_lotteries.py subjects.npz results.json
 
@@ -27,7 +29,8 @@ from adopy import Engine, Model, Task
 def main(source: str, target: str) -> int:
     data = np.load(source)
     likelihood, class_index, prior = data["likelihood"], data["class_index"], data["prior"]
-    hypotheses, seed, study, answers = data["hypotheses"], int(data["seed"]), int(data["study"]), int(data["answers"])
+    hypotheses, subjects = data["hypotheses"], data["subjects"]
+    seed, study, answers = int(data["seed"]), int(data["study"]), int(data["answers"])
     n, n_tests, _ = likelihood.shape
     log_likelihood = np.log(likelihood)
 
@@ -41,14 +44,18 @@ def main(source: str, target: str) -> int:
                     grid_param={"h": np.arange(n)}, grid_response={"y": [0, 1]}, dtype=np.float64)
     engine.log_prior = np.log(prior)
 
+    def score(hypothesis: int) -> tuple[int, float]:
+        """Whether the MAP class is the true one, and its posterior probability."""
+        class_posterior = np.bincount(class_index, weights=np.exp(engine.log_post))
+        return int(np.argmax(class_posterior) == class_index[hypothesis]), float(class_posterior.max())
+
     results = {"persistent": [], "fresh": [], "choice_seconds": []}
     for model_name in ("persistent", "fresh"):
-        for subject, hypothesis in enumerate(hypotheses.tolist()):
+        for subject, hypothesis in zip(subjects.tolist(), hypotheses.tolist()):
             coins = np.random.default_rng([seed, study, subject, 7])
             fixed_coins = coins.random(n_tests)
             engine.reset()
-            post = np.exp(engine.log_post)
-            correct = [int(np.argmax(np.bincount(class_index, weights=post)) == class_index[hypothesis])]
+            scores = [score(hypothesis)]
             for _ in range(answers):
                 started = time.perf_counter()
                 design = engine.get_design("optimal")
@@ -59,9 +66,8 @@ def main(source: str, target: str) -> int:
                 started = time.perf_counter()
                 engine.update({"t": t}, {"y": y})  # also recomputes the mutual information
                 results["choice_seconds"][-1] += time.perf_counter() - started
-                post = np.exp(engine.log_post)
-                correct.append(int(np.argmax(np.bincount(class_index, weights=post)) == class_index[hypothesis]))
-            results[model_name].append(correct)
+                scores.append(score(hypothesis))
+            results[model_name].append(scores)
     with open(target, "w") as out:
         json.dump(results, out)
     return 0

@@ -235,11 +235,13 @@ def likelihood_matrix(study: str, wealth: float = WEALTH_OFFSET) -> np.ndarray:
     return np.stack(rows)
 
 
-def wire_instance(study: str, wealth: float = WEALTH_OFFSET) -> dict:
-    """The study as the service's columnar wire form (``likelihood_matrix``), JSON-ready."""
+def wire_instance(study: str, wealth: float = WEALTH_OFFSET, repeatable: bool = False) -> dict:
+    """The study as the service's columnar wire form (``likelihood_matrix``), JSON-ready.
+    ``repeatable``: every question may be asked again, each answer a new draw from the softmax."""
     hyps = hypotheses(study)
+    again = {"repeatable": True} if repeatable else {}
     return {
-        "tests": [{"id": test_id(pair), "outcomes": list(OUTCOMES)} for pair in test_pairs()],
+        "tests": [{"id": test_id(pair), "outcomes": list(OUTCOMES), **again} for pair in test_pairs()],
         "likelihood_matrix": likelihood_matrix(study, wealth).tolist(),
         "classes": [h.theory for h in hyps],
         "priors": [h.prior for h in hyps],
@@ -247,14 +249,14 @@ def wire_instance(study: str, wealth: float = WEALTH_OFFSET) -> dict:
     }
 
 
-def instance(study: str, wealth: float = WEALTH_OFFSET) -> Instance:
+def instance(study: str, wealth: float = WEALTH_OFFSET, repeatable: bool = False) -> Instance:
     """The validated wire model of a study (the public route every client takes)."""
-    return Instance.model_validate(wire_instance(study, wealth))
+    return Instance.model_validate(wire_instance(study, wealth, repeatable))
 
 
 @lru_cache(maxsize=4)
-def compiled_instance(study: str, wealth: float = WEALTH_OFFSET):
+def compiled_instance(study: str, wealth: float = WEALTH_OFFSET, repeatable: bool = False):
     """The compiled study, through the public route: wire dict → Instance → compile_instance."""
     from service.engine import compile_instance
 
-    return compile_instance(instance(study, wealth))
+    return compile_instance(instance(study, wealth, repeatable))
