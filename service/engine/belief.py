@@ -339,6 +339,10 @@ class _Sums:
         self.total = np.zeros((len(self.linear_weights), 1))
         self.buffers: dict[str, np.ndarray] = {}
         self.has_singletons = False
+        # Likelihood blocks' statistics as they come, outcome-major (ℓ·N,): folded into the
+        # (N, ℓ) arrays once at the end (a strided add per block cost ~10 µs, 3 ms a step at
+        # 10⁴ × 10³).
+        self.outcome_major: dict[str, np.ndarray] = {}
 
     def add_outcome(self, k: int, a: np.ndarray) -> None:
         """Fold in a(i, ·, k) for a block of classes i: ``a`` is (classes, N)."""
@@ -457,7 +461,20 @@ class _Sums:
         self.total += np.array([[u.sum()] for u in weights])
         self.has_singletons = True
 
+    def outcome_major_sum(self, name: str) -> np.ndarray:
+        """The outcome-major accumulator of statistic ``name`` (see ``outcome_major``)."""
+        flat = self.outcome_major.get(name)
+        if flat is None:
+            flat = self.outcome_major[name] = np.zeros(self.p.size)
+        return flat
+
     def finish(self, b: np.ndarray) -> OutcomeStats:
+        for name, flat in self.outcome_major.items():
+            target, folded = getattr(self, name), flat.reshape(self.width, -1).T
+            if name == "max":
+                np.maximum(target, folded, out=target)
+            else:
+                target += folded
         if self.has_singletons:
             linear = self.linear
             if self.moment is not None:
@@ -681,20 +698,17 @@ def _add_likelihood_block(sums: _Sums, by_outcome: np.ndarray, rows, weight: np.
     all outcomes at once."""
     n_rows, width, n_tests = len(weight), by_outcome.shape[1], by_outcome.shape[2]
     cells = by_outcome[rows].reshape(n_rows, width * n_tests)
-
-    def add(target: np.ndarray, flat: np.ndarray) -> None:
-        target += flat.reshape(width, n_tests).T
-
     if not singletons:
         a = np.add.reduceat(weight[:, None] * cells, offsets, axis=0).reshape(-1, width, n_tests)
         for k in range(width):
             sums.add_outcome(k, a[:, k])
         return
-    add(sums.p, weight @ cells)
+    sums.outcome_major_sum("p")[:] += weight @ cells
     if sums.sum_sq is not None:
-        add(sums.sum_sq, (weight * weight) @ np.square(cells, out=sums.buffer(cells.shape)))
+        sums.outcome_major_sum("sum_sq")[:] += (weight * weight) @ np.square(cells, out=sums.buffer(cells.shape))
     if sums.sum_xlogx is not None:
-        add(sums.sum_xlogx, (weight * np.log2(weight)) @ cells + weight @ xlog2x(cells))
+        sums.outcome_major_sum("sum_xlogx")[:] += (weight * np.log2(weight)) @ cells + weight @ xlog2x(cells)
     if sums.max is not None:
         scaled = np.multiply(cells, weight[:, None], out=sums.buffer(cells.shape))
-        np.maximum(sums.max, scaled.max(axis=0).reshape(width, n_tests).T, out=sums.max)
+        largest = sums.outcome_major_sum("max")
+        np.maximum(largest, scaled.max(axis=0), out=largest)
