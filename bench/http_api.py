@@ -143,8 +143,16 @@ class Client:
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         data = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
-        self.conn.request(method, path, body=data, headers=headers)
-        response = self.conn.getresponse()
+        try:
+            self.conn.request(method, path, body=data, headers=headers)
+            response = self.conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The server closed the connection while it idled past its keep-alive timeout (slow
+            # preparation of the other connections): reconnect and send again, as any keep-alive
+            # client does. Every request sent here is safe to repeat.
+            self.conn.close()
+            self.conn.request(method, path, body=data, headers=headers)
+            response = self.conn.getresponse()
         raw = response.read()
         return response.status, (orjson.loads(raw) if raw else {})
 
