@@ -83,10 +83,12 @@ def body_of(model: BaseModel) -> dict[str, Any]:
     return data
 
 
-def json_response(body: BaseModel | dict[str, Any], status: int = 200, headers: dict[str, str] | None = None,
+def json_response(body: BaseModel | dict[str, Any] | bytes, status: int = 200, headers: dict[str, str] | None = None,
                   media_type: str = JSON_MEDIA_TYPE) -> Response:
-    payload = body_of(body) if isinstance(body, BaseModel) else body
-    return Response(dumps(payload), status=status, headers=headers, content_type=media_type)
+    """``body``: a wire model, plain data, or JSON this encoder already wrote (a session's step)."""
+    if not isinstance(body, bytes):
+        body = dumps(body_of(body) if isinstance(body, BaseModel) else body)
+    return Response(body, status=status, headers=headers, content_type=media_type)
 
 
 class OrjsonProvider(JSONProvider):

@@ -64,7 +64,7 @@ def _respond(result: SessionResult, status: int = 200) -> Response:
         headers["Location"] = url_for(".show", session_id=result.state["session_id"])
     if result.replayed:
         headers["Idempotent-Replayed"] = "true"
-    return json_response(result.state, status, headers=headers)
+    return json_response(result.body, status, headers=headers)
 
 
 @bp.post("")
