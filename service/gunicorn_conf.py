@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gunicorn.glogging import Logger
+
 from service.logs import logging_config
 from service.settings import ConfigurationError, load_settings
 
@@ -49,6 +51,18 @@ loglevel = settings.log_level.lower()
 # (it knows the request id and tenant), so gunicorn's stays off.
 logconfig_dict = logging_config(settings.log_level, settings.log_format)
 accesslog = None
+
+
+class AppWritesTheAccessLog(Logger):
+    """gunicorn's logger, less its access log. Given a ``logconfig_dict``, gunicorn would build
+    every request's access-log atoms (headers, times, the environ) only for the logger's level
+    to drop the line."""
+
+    def access(self, resp, req, environ, request_time) -> None:
+        return None
+
+
+logger_class = AppWritesTheAccessLog
 forwarded_allow_ips = "127.0.0.1"
 # No gunicornc control socket: one fixed path would collide between several servers on a host.
 control_socket_disable = True
