@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import secrets
+import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
@@ -105,8 +106,7 @@ class _Step:
     @property
     def nbytes(self) -> int:
         """What it holds, from above: its JSON, its test ids, the objects around them."""
-        return (len(self.fields) + len(self.candidates) + STEP_OBJECT_BYTES
-                + sum(STRING_BYTES + len(test) for test in self.next_tests))
+        return len(self.fields) + len(self.candidates) + STEP_OBJECT_BYTES + TEST_SLOT_BYTES * len(self.next_tests)
 
 
 class _StepCache:
@@ -163,12 +163,13 @@ class _StepCache:
         return len(self._entries)
 
 
-# Estimates from above of CPython's objects (64-bit): a str's header (an ASCII one's is 49
-# bytes), a 2-tuple of one observation and its slot in the tuple of all of them, a _Step and its
-# tuples, and a key's members but its observations (the rules, exclusions, the hash string).
-STRING_BYTES = 64
-OBSERVATION_BYTES = 2 * STRING_BYTES + 72
+# Estimates from above of CPython's objects (64-bit): a 2-tuple of one observation and its slot
+# in the tuple of all of them, a _Step with its bytes' and tuples' headers and a slot per test id
+# (the ids are the instance's own strings), and a key's members but its labels (the rules, the
+# tuples, the hash string).
+OBSERVATION_BYTES = 72
 STEP_OBJECT_BYTES = 512
+TEST_SLOT_BYTES = 8
 KEY_BYTES = 1024
 
 
@@ -185,10 +186,12 @@ class _StepKey(NamedTuple):
 
 
 def _key_bytes(key: _StepKey) -> int:
-    """A step cache key's bytes, from above. Its labels are counted in full, though they may be
-    shared with the record they came from."""
-    return (KEY_BYTES + sum(STRING_BYTES + len(test) for test in key.excluded)
-            + sum(OBSERVATION_BYTES + len(test) + len(outcome or "") for test, outcome in key.observations))
+    """A step cache key's bytes, from above: its labels are counted in full, though the keys of
+    one session's steps share the labels of their common observations."""
+    labels = sum(map(sys.getsizeof, key.excluded))
+    for test, outcome in key.observations:
+        labels += sys.getsizeof(test) + sys.getsizeof(outcome)  # None's size: counted, never held
+    return KEY_BYTES + OBSERVATION_BYTES * len(key.observations) + labels
 
 
 def _belief_bytes(belief: engine.Belief) -> int:
@@ -550,7 +553,7 @@ class Sessions:
                 explain: bool) -> SessionResult | None:
         """Store ``record`` with these observations (a new version, its TTL slid) unless another
         writer changed it since it was read: then None, and the caller reads it again."""
-        updated = replace(record.with_observations(observations), expires_at=self.clock() + self.session_ttl)
+        updated = record.with_observations(observations, expires_at=self.clock() + self.session_ttl)
         try:
             self.store.update_session(updated, expected_version=record.version)
         except VersionConflict:
@@ -653,7 +656,7 @@ def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.De
                     if k == engine.SKIPPED else
                     {"test": tests[t], "outcome": compiled.outcome_labels[t][k], "cost": float(costs[t])}
                     for t, k in belief.observations],
-        "class_posterior": dict(zip((labels[i] for i in order.tolist()), posterior[order].tolist())),
+        "class_posterior": dict(zip(map(labels.__getitem__, order.tolist()), posterior[order].tolist())),
         "map_class": labels[int(order[0])],
         "version_space_size": int(belief.alive.size) if compiled.kind == "deterministic" else None,
         **_decision_fields(compiled, belief),

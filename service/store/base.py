@@ -43,8 +43,11 @@ class SessionRecord:
     exclude_tests: tuple[str, ...] = ()
     batch_size: int = 1
 
-    def with_observations(self, observations: tuple[tuple[str, str | None], ...]) -> SessionRecord:
-        return replace(self, observations=observations, version=self.version + 1)
+    def with_observations(self, observations: tuple[tuple[str, str | None], ...],
+                          expires_at: float | None = None) -> SessionRecord:
+        """The next version, with these observations (and this expiry, when given)."""
+        return replace(self, observations=observations, version=self.version + 1,
+                       expires_at=self.expires_at if expires_at is None else expires_at)
 
 
 @dataclass(frozen=True)
