@@ -19,8 +19,10 @@ are encoded and responses decoded with orjson, as the floor does.
 
 Rounds are paired: each round runs the floor and the service back to back (the order alternating
 between rounds), and the ratios are taken within a round, so background load on a shared machine
-hits both alike. Quoted: medians over rounds of req/s, p99 and the two ratios. Last, with the
-service warmed, the latency of an observation on a 10 000 × 1 000 instance (``--no-large`` skips).
+hits both alike. Quoted: medians over rounds of req/s, p99 and the two ratios, and the CPU the
+server's processes spent per request (gunicorn's workers, redis-server), which background load
+inflates far less than it does rates and latencies. Last, with the service warmed, the latency
+of an observation on a 10 000 × 1 000 instance (``--no-large`` skips).
 """
 
 from __future__ import annotations
@@ -143,8 +145,16 @@ class Client:
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         data = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
-        self.conn.request(method, path, body=data, headers=headers)
-        response = self.conn.getresponse()
+        try:
+            self.conn.request(method, path, body=data, headers=headers)
+            response = self.conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The server closed the connection while it idled past its keep-alive timeout (slow
+            # preparation of the other connections): reconnect and send again, as any keep-alive
+            # client does. Every request sent here is safe to repeat.
+            self.conn.close()
+            self.conn.request(method, path, body=data, headers=headers)
+            response = self.conn.getresponse()
         raw = response.read()
         return response.status, (orjson.loads(raw) if raw else {})
 
@@ -218,8 +228,35 @@ def _process(kind: str, args: tuple, threads: int, sync: tuple, out, seed: int) 
         thread.join()
 
 
-def drive(kind: str, args: tuple, connections: int, seconds: float) -> dict:
-    """One timed run: every connection prepares, then all start together."""
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """CPU seconds (user + system) each process has used, from /proc; a gunicorn master's workers
+    are listed afresh each time (a worker may have been recycled)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for pid in pids:
+        for child in [pid, *_children(pid)]:
+            try:
+                fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            used[child] = (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
+
+
+def drive(kind: str, args: tuple, connections: int, seconds: float, server: list[int], redis_pid: int) -> dict:
+    """One timed run: every connection prepares, then all start together. Besides the client's
+    view, the CPU the server's processes (gunicorn's workers; and redis-server) spent per request
+    while the clock ran: what a request costs, whatever else the machine runs."""
     ready, out, go = multiprocessing.Queue(), multiprocessing.Queue(), multiprocessing.Event()
     start_at = multiprocessing.Value("d", 0.0)
     per_process = [connections // PROCESSES + (i < connections % PROCESSES) for i in range(PROCESSES)]
@@ -231,6 +268,8 @@ def drive(kind: str, args: tuple, connections: int, seconds: float) -> dict:
         ready.get(timeout=600)
     start_at.value = time.time() + 0.2
     go.set()
+    time.sleep(max(0.0, start_at.value - time.time()))
+    before = cpu_seconds([*server, redis_pid])
     latencies, errors, results, exhausted = [], 0, 0, 0
     while results < connections:
         message = out.get(timeout=seconds + 120)
@@ -240,23 +279,32 @@ def drive(kind: str, args: tuple, connections: int, seconds: float) -> dict:
         latencies += message[1]
         errors += message[2]
         results += 1
+        if results == 1:  # the first connection is done: the clock has run out
+            after = cpu_seconds([*server, redis_pid])
     for process in processes:
         process.join()
     lat = np.array(latencies) * 1000
+    spent = {pid: after[pid] - before[pid] for pid in after if pid in before}
+    redis_ms = spent.pop(redis_pid, 0.0) * 1000 / max(1, len(lat))
     return {"requests": len(lat), "errors": errors, "rps": len(lat) / seconds,
             "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "cpu_ms": sum(spent.values()) * 1000 / max(1, len(lat)), "redis_cpu_ms": redis_ms,
             "ran_out_of_sessions": exhausted}
 
 
-def paired_rounds(floor_port: int, session_args: tuple, rounds: int, connections: int, seconds: float) -> dict:
+def paired_rounds(floor_port: int, session_args: tuple, rounds: int, connections: int, seconds: float,
+                  pids: dict[str, int]) -> dict:
     floors, services = [], []
     for i in range(rounds):
         order = (("floor", floors), ("session", services)) if i % 2 == 0 else (("session", services), ("floor", floors))
         for kind, runs in order:
             args = (floor_port, seconds) if kind == "floor" else session_args
-            runs.append(drive(kind, args, connections, seconds))
+            runs.append(drive(kind, args, connections, seconds, [pids[kind]], pids["redis"]))
     median = statistics.median
     return {
+        "cpu_ms": median(r["cpu_ms"] for r in services), "floor_cpu_ms": median(r["cpu_ms"] for r in floors),
+        "redis_cpu_ms": median(r["redis_cpu_ms"] for r in services),
+        "floor_redis_cpu_ms": median(r["redis_cpu_ms"] for r in floors),
         "floor_rps": median(r["rps"] for r in floors), "floor_p99_ms": median(r["p99_ms"] for r in floors),
         "floor_p50_ms": median(r["p50_ms"] for r in floors),
         "rps": median(r["rps"] for r in services), "p99_ms": median(r["p99_ms"] for r in services),
@@ -264,7 +312,8 @@ def paired_rounds(floor_port: int, session_args: tuple, rounds: int, connections
         "rps_ratio": median(s["rps"] / f["rps"] for s, f in zip(services, floors)),
         "p99_ratio": median(s["p99_ms"] / f["p99_ms"] for s, f in zip(services, floors)),
         "rounds": [{"floor_rps": round(f["rps"]), "rps": round(s["rps"]), "floor_p99_ms": round(f["p99_ms"], 1),
-                    "p99_ms": round(s["p99_ms"], 1)} for s, f in zip(services, floors)],
+                    "p99_ms": round(s["p99_ms"], 1), "floor_cpu_ms": round(f["cpu_ms"], 3),
+                    "cpu_ms": round(s["cpu_ms"], 3)} for s, f in zip(services, floors)],
         "errors": sum(r["errors"] for r in services + floors),
         "ran_out_of_sessions": sum(r["ran_out_of_sessions"] for r in services),
     }
@@ -337,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             steps_per_session = 12 if noisy else 5
             sessions = int(args.seconds * 2000 / args.connections / steps_per_session) + 10
             session_args = (edgecut_port, summary["instance_id"], Answers(instance), sessions, args.seconds)
-            results[name] = paired_rounds(floor_port, session_args, args.rounds, args.connections, args.seconds)
+            results[name] = paired_rounds(floor_port, session_args, args.rounds, args.connections, args.seconds,
+                                          {"floor": floor.pid, "session": edgecut.pid, "redis": redis_server.process.pid})
             r = results[name]
             print(f"{name}: rounds {r['rounds']}", flush=True)
 
@@ -351,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
             if r["errors"] or r["ran_out_of_sessions"]:
                 print(f"warning: {name}: {r['errors']} errors, {r['ran_out_of_sessions']} connections ran out of sessions")
         print(f"(medians over the rounds; goals: req/s ≥ {RPS_GOAL} × the floor's, p99 ≤ {P99_GOAL} × the floor's)")
+        print(f"\n| {'server CPU per request, ms':<36} | {'workers':>7} | {'floor':>7} | {'redis':>7} | {'floor':>7} |")
+        print(f"|{'-' * 38}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|")
+        for name, r in results.items():
+            label = "deterministic (EC²)" if name == "deterministic" else "noisy (likelihoods, EffECXtive)"
+            print(f"| {label:<36} | {r['cpu_ms']:>7.3f} | {r['floor_cpu_ms']:>7.3f} | {r['redis_cpu_ms']:>7.3f} "
+                  f"| {r['floor_redis_cpu_ms']:>7.3f} |")
         if args.large:
             large = random_instance(10_000, 1_000, 2, 20, seed=2)
             # Warm each worker's instance cache, then measure.

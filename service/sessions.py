@@ -16,11 +16,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+import orjson
 
 from schemas.api import (
     InstanceList,
@@ -35,6 +36,7 @@ from schemas.instance import Instance
 from service import engine
 from service.errors import (
     AmbiguousObservation,
+    ServiceError,
     ConcurrentUpdate,
     IdempotencyKeyReused,
     InstanceExpired,
@@ -63,18 +65,23 @@ SESSION_ID_BYTES = 18
 
 # Observations by label; the outcome of a skipped test is None.
 Labelled = tuple[tuple[str, str | None], ...]
-# A response body as plain data, serialised by orjson as it is: the wire models of schemas/api.py
-# (SessionState, StepState) define it, and the API tests validate real bodies against them, but
-# building and dumping a pydantic model per response cost ~15% of an observation's CPU.
+# A response body as plain data: the wire models of schemas/api.py (SessionState, StepState)
+# define it, and the API tests validate real bodies against them, but building and dumping a
+# pydantic model per response cost ~15% of an observation's CPU. A step is dumped by orjson once,
+# when it is computed (_Step), and every response showing it splices those bytes.
 WireBody = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class SessionResult:
-    state: WireBody  # SessionState's wire form
+    body: bytes  # SessionState's wire form, as JSON
     version: int  # the ETag of the session's representation
     created: bool = False
     replayed: bool = False
+
+    @property
+    def state(self) -> WireBody:
+        return orjson.loads(self.body)
 
 
 def instance_summary(inst: engine.CompiledInstance) -> InstanceSummary:
@@ -85,19 +92,21 @@ def instance_summary(inst: engine.CompiledInstance) -> InstanceSummary:
 
 @dataclass(frozen=True, eq=False)
 class _Step:
-    """One computed step: StepState's wire form without ``candidates``, and the candidates (sent
-    with ?explain=true)."""
+    """One computed step, kept as the JSON every response that shows it carries: StepState's
+    fields but ``candidates`` (``fields``: the object's members without its braces, so a session's
+    own members go around them without parsing or dumping the step again) and the candidates
+    (sent with ?explain=true); and what the domain itself reads of it."""
 
-    body: WireBody
-    candidates: list[WireBody]
+    fields: bytes
+    candidates: bytes
+    done: bool
+    stop_reason: str | None
+    next_tests: tuple[str, ...]  # ids of the tests proposed
 
     @property
-    def done(self) -> bool:
-        return self.body["done"]
-
-    @property
-    def stop_reason(self) -> str | None:
-        return self.body["stop_reason"]
+    def nbytes(self) -> int:
+        """What it holds, from above: its JSON, its test ids, the objects around them."""
+        return len(self.fields) + len(self.candidates) + STEP_OBJECT_BYTES + TEST_SLOT_BYTES * len(self.next_tests)
 
 
 class _StepCache:
@@ -108,18 +117,18 @@ class _StepCache:
     its belief is carried forward to compute the one after (a pass over the survivors, not over
     every row).
 
-    Bounded by the bytes its entries hold, not their number: keys and steps (:func:`_deep_size`;
-    a step of a long session carries its whole history) and the beliefs kept to carry forward
-    (their arrays). A belief over an eighth of the budget is not kept (its step is): it would push
-    out many steps to save one pass."""
+    Bounded by the bytes its entries hold, not their number: keys (:func:`_key_bytes`), steps
+    (:attr:`_Step.nbytes`; a step of a long session carries its whole history) and the beliefs
+    kept to carry forward (their arrays). A belief over an eighth of the budget is not kept (its
+    step is): it would push out many steps to save one pass."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.nbytes = 0
-        self._entries: OrderedDict[tuple, tuple[_Step, engine.Belief | None, int]] = OrderedDict()
+        self._entries: OrderedDict[_StepKey, tuple[_Step, engine.Belief | None, int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple) -> _Step | None:
+    def get(self, key: _StepKey) -> _Step | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -127,13 +136,13 @@ class _StepCache:
             self._entries.move_to_end(key)
             return entry[0]
 
-    def belief(self, key: tuple) -> engine.Belief | None:
+    def belief(self, key: _StepKey) -> engine.Belief | None:
         with self._lock:
             entry = self._entries.get(key)
             return None if entry is None else entry[1]
 
-    def put(self, key: tuple, step: _Step, belief: engine.Belief) -> None:
-        size = _deep_size(key) + _deep_size(step)
+    def put(self, key: _StepKey, step: _Step, belief: engine.Belief) -> None:
+        size = _key_bytes(key) + step.nbytes
         held = _belief_bytes(belief)
         if held > self.max_bytes // 8:
             belief, held = None, 0
@@ -154,22 +163,35 @@ class _StepCache:
         return len(self._entries)
 
 
-def _deep_size(value, seen: set[int] | None = None) -> int:
-    """Bytes of ``value`` and everything it holds (containers, dataclasses, scalars), each object
-    once. Strings shared with the compiled instance are counted again: an overestimate, which is
-    the safe side for a bound."""
-    seen = set() if seen is None else seen
-    if id(value) in seen:
-        return 0
-    seen.add(id(value))
-    size = sys.getsizeof(value)
-    if isinstance(value, dict):
-        size += sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in value.items())
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        size += sum(_deep_size(item, seen) for item in value)
-    elif hasattr(value, "__dataclass_fields__"):
-        size += sum(_deep_size(getattr(value, name), seen) for name in value.__dataclass_fields__)
-    return size
+# Estimates from above of CPython's objects (64-bit): a 2-tuple of one observation and its slot
+# in the tuple of all of them, a _Step with its bytes' and tuples' headers and a slot per test id
+# (the ids are the instance's own strings), and a key's members but its labels (the rules, the
+# tuples, the hash string).
+OBSERVATION_BYTES = 72
+STEP_OBJECT_BYTES = 512
+TEST_SLOT_BYTES = 8
+KEY_BYTES = 1024
+
+
+class _StepKey(NamedTuple):
+    """Everything a step depends on."""
+
+    instance: str  # content hash
+    policy: str
+    rules: engine.StopRules
+    seed: int | None  # None when the policy does not draw from it
+    excluded: tuple[str, ...]
+    batch_size: int
+    observations: Labelled
+
+
+def _key_bytes(key: _StepKey) -> int:
+    """A step cache key's bytes, from above: its labels are counted in full, though the keys of
+    one session's steps share the labels of their common observations."""
+    labels = sum(map(sys.getsizeof, key.excluded))
+    for test, outcome in key.observations:
+        labels += sys.getsizeof(test) + sys.getsizeof(outcome)  # None's size: counted, never held
+    return KEY_BYTES + OBSERVATION_BYTES * len(key.observations) + labels
 
 
 def _belief_bytes(belief: engine.Belief) -> int:
@@ -312,8 +334,8 @@ class Sessions:
         skipped, is a conflict; anything new after the session stopped is refused, except the
         rest of the page it proposed last (batch sessions); an observation that contradicts every
         surviving hypothesis is refused and nothing is stored."""
-        for _ in range(CAS_ATTEMPTS):
-            record = self._record(session_id, tenant)
+
+        def attempt(record: SessionRecord) -> SessionResult | None:
             compiled = self._instance_of_session(record)
             fresh = self._new_observations(compiled, record, labelled)
             repeated = [test for test, outcome in fresh
@@ -338,11 +360,11 @@ class Sessions:
                 observations = (*observations, observation)
                 self._step(record, compiled, observations)  # raises InconsistentObservation
             result = self._commit(record, observations, compiled, explain)
-            if result is None:
-                continue
-            OBSERVATIONS_APPLIED.inc(len(fresh))
+            if result is not None:
+                OBSERVATIONS_APPLIED.inc(len(fresh))
             return result
-        raise ConcurrentUpdate("the session kept changing while this update was applied; retry")
+
+        return self._update(session_id, tenant, attempt)
 
     def correct(self, session_id: str, test: str, correction: ObservationCorrection, occurrence: int | None = None,
                 tenant: str = DEFAULT_TENANT, if_match: Callable[[int], bool] | None = None,
@@ -386,8 +408,8 @@ class Sessions:
         """Apply ``edit`` to the recorded facts by compare-and-set and recompute the state from
         them (a corrected session may stop, or go on again). A result that leaves no consistent
         hypothesis is refused (409 inconsistent) and nothing is stored."""
-        for _ in range(CAS_ATTEMPTS):
-            record = self._record(session_id, tenant)
+
+        def attempt(record: SessionRecord) -> SessionResult | None:
             compiled = self._instance_of_session(record)
             observations = edit(compiled, record.observations)
             unchanged = observations == record.observations
@@ -397,14 +419,44 @@ class Sessions:
             if unchanged:
                 return SessionResult(self._state(record, compiled, explain), record.version)
             self._step(record, compiled, observations)  # raises InconsistentObservation
-            result = self._commit(record, observations, compiled, explain)
-            if result is None:
+            return self._commit(record, observations, compiled, explain)
+
+        return self._update(session_id, tenant, attempt)
+
+    def _update(self, session_id: str, tenant: str,
+                attempt: Callable[[SessionRecord], SessionResult | None]) -> SessionResult:
+        """Run ``attempt`` on the session's record until it answers. ``attempt`` returns the
+        result (a change committed by compare-and-set, or nothing to change), or None when its
+        compare-and-set lost to another writer.
+
+        The first attempt starts from the record as this worker last read or wrote it, with no
+        read (the store's ``recall_session``): most requests of a session come to the worker
+        that served the last one, and then the compare-and-set is the one round trip. A record
+        recalled may be stale, so only a committed change is answered from it; a refusal or "no
+        change" is decided again on a fresh read. A lost compare-and-set starts again from the
+        record it lost to, when the store learnt it, else from a fresh read."""
+        record = self.store.recall_session(session_id, tenant)
+        for _ in range(CAS_ATTEMPTS):
+            recalled = record is not None
+            if not recalled:
+                record = self._record(session_id, tenant)
+            try:
+                result = attempt(record)
+            except (ServiceError, engine.EngineError):
+                if not recalled:
+                    raise
+                record = None
                 continue
-            return result
+            if result is None:
+                record = self.store.recall_session(session_id, tenant)
+            elif recalled and result.version == record.version:
+                record = None
+            else:
+                return result
         raise ConcurrentUpdate("the session kept changing while this update was applied; retry")
 
-    def select(self, request: SelectRequest, tenant: str = DEFAULT_TENANT, explain: bool = False) -> WireBody:
-        """The step for observations the client keeps itself; nothing is stored."""
+    def select(self, request: SelectRequest, tenant: str = DEFAULT_TENANT, explain: bool = False) -> bytes:
+        """The step for observations the client keeps itself, as JSON; nothing is stored."""
         compiled = self._instance_of(request, tenant, store_inline=False)
         policy = engine.resolve_policy(compiled, request.policy).name
         excluded = _checked_exclusions(compiled, request)
@@ -467,7 +519,7 @@ class Sessions:
         for end in range(len(observations) - 1, max(-1, len(observations) - record.batch_size - 1), -1):
             state = self._step(record, compiled, observations[:end])
             if not state.done:
-                return {test["id"] for test in state.body["next_tests"]}
+                return set(state.next_tests)
         return set()
 
     def _step(self, record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> _Step:
@@ -480,12 +532,13 @@ class Sessions:
         resolved = engine.resolve_policy(compiled, policy)
         # Sessions that differ in their seed alone share their steps, unless the policy draws
         # from the seed.
-        key = (compiled.content_hash, policy, rules, seed if resolved.seeded else None, excluded, batch_size)
-        step = self._steps.get((*key, observations))
+        key = _StepKey(compiled.content_hash, policy, rules, seed if resolved.seeded else None, excluded, batch_size,
+                       observations)
+        step = self._steps.get(key)
         if step is None:
             with SELECTION_SECONDS.time():
                 parsed = engine.parse_observations(compiled, observations)
-                previous = self._steps.belief((*key, observations[:-1])) if observations else None
+                previous = self._steps.belief(key._replace(observations=observations[:-1])) if observations else None
                 belief = engine.observe(compiled, parsed, previous)
                 excluded_mask = None
                 if excluded:
@@ -493,24 +546,25 @@ class Sessions:
                     excluded_mask[[compiled.test_index[t] for t in excluded]] = True
                 decision = engine.decide(belief, resolved, rules, seed, excluded_mask, batch_size)
             step = _step_of(compiled, policy, decision)
-            self._steps.put((*key, observations), step, belief)
+            self._steps.put(key, step, belief)
         return step
 
     def _commit(self, record: SessionRecord, observations: Labelled, compiled: engine.CompiledInstance,
                 explain: bool) -> SessionResult | None:
         """Store ``record`` with these observations (a new version, its TTL slid) unless another
         writer changed it since it was read: then None, and the caller reads it again."""
-        updated = replace(record.with_observations(observations), expires_at=self.clock() + self.session_ttl)
+        updated = record.with_observations(observations, expires_at=self.clock() + self.session_ttl)
         try:
             self.store.update_session(updated, expected_version=record.version)
         except VersionConflict:
             return None
         return SessionResult(self._state(updated, compiled, explain), updated.version)
 
-    def _state(self, record: SessionRecord, compiled: engine.CompiledInstance, explain: bool) -> WireBody:
-        """SessionState's wire form: the session's id, its step's fields, when it expires."""
+    def _state(self, record: SessionRecord, compiled: engine.CompiledInstance, explain: bool) -> bytes:
+        """SessionState's wire form, as JSON: the session's id, its step's members, when it expires."""
         step = self._step(record, compiled, record.observations)
-        return {"session_id": record.session_id, **_wire(step, explain), "expires_at": _rfc3339(record.expires_at)}
+        return (b'{"session_id":' + orjson.dumps(record.session_id) + b"," + _members(step, explain)
+                + b',"expires_at":' + orjson.dumps(_rfc3339(record.expires_at)) + b"}")
 
 
 def _config_of(record: SessionRecord) -> tuple:
@@ -559,12 +613,24 @@ def _listing_item(item: StoredInstance) -> InstanceListItem:
 
 
 def _rfc3339(unix_seconds: float) -> str:
-    return datetime.fromtimestamp(unix_seconds, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    global _last_rfc3339
+    second = int(unix_seconds)  # whole seconds are shown: the same text for every call within one
+    if _last_rfc3339[0] != second:
+        _last_rfc3339 = (second, datetime.fromtimestamp(second, tz=timezone.utc).isoformat().replace("+00:00", "Z"))
+    return _last_rfc3339[1]
 
 
-def _wire(step: _Step, explain: bool) -> WireBody:
-    """StepState's wire form, with the candidates only when asked for."""
-    return {**step.body, "candidates": step.candidates} if explain else step.body
+_last_rfc3339: tuple[int, str] = (-1, "")
+
+
+def _members(step: _Step, explain: bool) -> bytes:
+    """StepState's members as JSON, with the candidates only when asked for."""
+    return step.fields + b',"candidates":' + step.candidates if explain else step.fields
+
+
+def _wire(step: _Step, explain: bool) -> bytes:
+    """StepState's wire form, as JSON."""
+    return b"{" + _members(step, explain) + b"}"
 
 
 def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.Decision) -> _Step:
@@ -578,7 +644,7 @@ def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.De
     scores = decision.scores
     scored = np.flatnonzero(~np.isnan(scores))
     best = scored[np.argsort(-scores[scored], kind="stable")][:EXPLAIN_CANDIDATES].tolist()
-    body = {
+    fields = {
         "policy": policy,
         "step": len(belief.answers),
         "next_test": next_tests[0] if next_tests else None,
@@ -590,13 +656,14 @@ def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.De
                     if k == engine.SKIPPED else
                     {"test": tests[t], "outcome": compiled.outcome_labels[t][k], "cost": float(costs[t])}
                     for t, k in belief.observations],
-        "class_posterior": dict(zip((labels[i] for i in order.tolist()), posterior[order].tolist())),
+        "class_posterior": dict(zip(map(labels.__getitem__, order.tolist()), posterior[order].tolist())),
         "map_class": labels[int(order[0])],
         "version_space_size": int(belief.alive.size) if compiled.kind == "deterministic" else None,
         **_decision_fields(compiled, belief),
     }
     candidates = [{"test": tests[t], "score": float(scores[t]), "cost": float(costs[t])} for t in best]
-    return _Step(body, candidates)
+    return _Step(orjson.dumps(fields)[1:-1], orjson.dumps(candidates), decision.done, fields["stop_reason"],
+                 tuple(test["id"] for test in next_tests))
 
 
 def _decision_fields(compiled: engine.CompiledInstance, belief: engine.Belief) -> WireBody:

@@ -3,13 +3,15 @@ session exactly as it was."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from api_support import NOISY, QUAD, TRIAGE, Delegating, assert_problem, new_session, observe, stored
 from schemas.api import SessionState, StepState
 from service import engine
 from service.app import create_app
-from service.sessions import _Step, _StepCache
+from service.sessions import _belief_bytes, _Step, _StepCache, _StepKey
 from tests.builders import compile_wire
 from service.store import StoreUnavailable, VersionConflict, create_store
 
@@ -158,6 +160,47 @@ def test_always_losing_compare_and_set_is_409_and_nothing_changes(app_config):
     assert stored(app, sid) == before
 
 
+# --- two workers on one Redis: each remembers the records it wrote ----------------------------
+
+
+def _two_workers(redis_server):
+    config = {"redis_url": redis_server.url, "key_prefix": f"workers-{uuid.uuid4().hex[:8]}"}
+    return create_app(config), create_app(config)
+
+
+@pytest.mark.redis
+def test_an_observation_on_the_worker_that_wrote_the_session_last_is_one_round_trip(redis_server):
+    app, _ = _two_workers(redis_server)
+    client = app.test_client()
+    sid = new_session(client, QUAD)["session_id"]
+    store = app.extensions["edgecut"].store
+    trips = store.round_trips
+    state = observe(client, sid, {"test": "a", "outcome": "0"}).get_json()
+    assert store.round_trips == trips + 1  # the compare-and-set, with no read before it
+    assert state["step"] == 1 and stored(app, sid).observations == (("a", "0"),)
+
+
+@pytest.mark.redis
+def test_a_worker_whose_memory_of_a_session_went_stale_answers_from_what_is_stored(redis_server):
+    mine, theirs = _two_workers(redis_server)
+    client, other = mine.test_client(), theirs.test_client()
+    sid = new_session(client, QUAD)["session_id"]
+    assert observe(client, sid, {"test": "a", "outcome": "0"}).status_code == 200
+    # Another worker takes that answer back and records another; this one still remembers "a" = 0.
+    assert other.delete(f"/v1/sessions/{sid}/observations/a").status_code == 200
+    assert observe(other, sid, {"test": "b", "outcome": "1"}).status_code == 200
+    # Refused on what this worker remembers ("a" was 0), accepted on what is stored.
+    response = observe(client, sid, {"test": "a", "outcome": "1"})
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert stored(mine, sid).observations == (("b", "1"), ("a", "1"))
+    assert response.headers["ETag"] == '"5"'
+    # Where nothing changes, too, its answer is the stored session's, not the one it remembers.
+    assert other.delete(f"/v1/sessions/{sid}/observations/b").status_code == 200
+    again = observe(client, sid, {"test": "a", "outcome": "1"})
+    assert again.status_code == 200 and again.headers["ETag"] == '"6"'
+    assert again.get_json()["history"] == [{"test": "a", "outcome": "1", "cost": 1.0}]
+
+
 def test_store_unavailable_is_503_with_retry_after(app_config):
     class Down(Delegating):
         down = False
@@ -259,10 +302,17 @@ def test_the_step_after_an_observation_carries_the_belief_before_it_forward(clie
 
 
 def test_a_belief_over_an_eighth_of_the_step_cache_is_not_kept_but_its_step_is():
-    belief = engine.observe(compile_wire(QUAD), [])  # 4 alive: 64 bytes of arrays
-    for budget, kept in ((8 * 64 - 8, False), (100_000, True)):
+    n = 2000
+    wide = {"tests": [{"id": "t", "outcomes": ["0", "1"]}], "classes": [f"c{i}" for i in range(n)],
+            "matrix": [[i % 2] for i in range(n)]}
+    belief = engine.observe(compile_wire(wide), [])
+    held = _belief_bytes(belief)
+    assert held >= 8 * n  # its arrays over the alive rows
+    key = _StepKey("i" * 64, "ec2", engine.StopRules(), None, (), 1, ())
+    step = _Step(b'"done":false', b"[]", False, None, ())
+    for budget, kept in ((8 * held - 8, False), (100 * held, True)):
         cache = _StepCache(max_bytes=budget)
-        cache.put(("a",), _Step({"done": False}, []), belief)
-        assert cache.get(("a",)).body == {"done": False}
-        assert (cache.belief(("a",)) is belief) == kept
+        cache.put(key, step, belief)
+        assert cache.get(key) is step
+        assert (cache.belief(key) is belief) == kept
         assert 0 < cache.nbytes <= budget

@@ -22,7 +22,7 @@ from api_support import TRIAGE
 
 from tests.builders import compile_wire, section3
 from service import engine
-from service.store import SessionRecord, StoreUnavailable, VersionConflict, codec
+from service.store import Quotas, SessionRecord, StoreUnavailable, VersionConflict, codec
 from service.store.cache import InstanceCache, _str_bytes, resident_bytes
 from service.store.redis_store import RedisStore
 
@@ -258,6 +258,29 @@ def test_concurrent_updates_on_one_version_have_exactly_one_winner(store_env):
     final = store.get_session("s-1")
     assert final.version == 2
     assert final.observations == ((f"test-{winners[0].split('-')[1]}", "yes"),)
+
+
+def test_a_recalled_record_is_a_guess_that_only_a_compare_and_set_confirms(store_env):
+    mine = store_env.make()
+    theirs = store_env.make() if store_env.kind != "memory" else mine  # another worker, same data
+    record = session()
+    assert mine.recall_session("s-1") is None  # never seen
+    mine.create_session(record)
+    recalled = mine.recall_session("s-1")  # a store may remember nothing, never something else
+    assert recalled is None or replace(recalled, expires_at=0.0) == record
+    assert mine.recall_session("s-1", tenant="other") is None
+
+    theirs.update_session(theirs.get_session("s-1").with_observations((("ecg", "normal"),)), expected_version=1)
+    with pytest.raises(VersionConflict):  # what mine remembers is stale now
+        mine.update_session(record.with_observations((("ecg", "abnormal"),)), expected_version=1)
+    assert theirs.get_session("s-1").observations == (("ecg", "normal"),)
+    learnt = mine.recall_session("s-1")  # the lost compare-and-set may tell it what is stored
+    assert learnt is None or (learnt.version, learnt.observations) == (2, (("ecg", "normal"),))
+
+    assert theirs.delete_session("s-1") is True
+    with pytest.raises(VersionConflict):
+        mine.update_session(replace(record, version=3), expected_version=2)
+    assert mine.recall_session("s-1") is None and mine.get_session("s-1") is None
 
 
 # --- Time to live ----------------------------------------------------------------------------
@@ -534,6 +557,31 @@ def test_redis_corrupt_instance_bytes_are_dropped_instead_of_answering(redis_env
     assert not raw.exists(key)  # dropped, so a re-post stores good bytes again
     assert redis_env.make().put_instance(inst) is True
     assert redis_env.make().get_instance(inst.content_hash).content_hash == inst.content_hash
+
+
+def test_redis_a_write_from_a_remembered_record_never_replaces_a_damaged_one(redis_env):
+    store = redis_env.make()
+    record = session()
+    store.create_session(record)
+    raw = raw_client(redis_env.redis_url)
+    key = store.session_key("s-1")
+    damaged = orjson.dumps({**orjson.loads(raw.hget(key, "record")), "observations": "ecg"})
+    raw.hset(key, "record", damaged)  # the version field is left as it was
+    with pytest.raises(VersionConflict):
+        store.update_session(record.with_observations((("ecg", "normal"),)), expected_version=1)
+    assert raw.hget(key, "record") == damaged
+    assert store.recall_session("s-1") is None  # forgotten: the next attempt reads it, and refuses it
+
+
+def test_redis_an_update_slides_the_session_quota_entry_as_a_read_does(redis_env):
+    store = redis_env.make(session_ttl=3600, quotas=Quotas(sessions=10))
+    record = session()
+    store.create_session(record)
+    raw = raw_client(redis_env.redis_url)
+    quota = store.quota_key("sessions")
+    raw.zadd(quota, {"s-1": 1})  # as if last slid long ago
+    store.update_session(record.with_observations((("ecg", "normal"),)), expected_version=1)
+    assert raw.zscore(quota, "s-1") >= (time.time() + 3600 - 60) * 1000
 
 
 def test_redis_repeated_get_instance_is_served_by_the_worker_cache(redis_env):

@@ -32,9 +32,10 @@ def _etag(version: int) -> str:
 
 
 def _if_match() -> Callable[[int], bool] | None:
-    if "If-Match" not in request.headers:
+    given = request.environ.get("HTTP_IF_MATCH")  # the header, without parsing every header
+    if given is None:
         return None
-    if not request.headers["If-Match"].strip():
+    if not given.strip():
         # Names no version at all: refused whatever the session holds (the contract says minLength 1).
         raise PreconditionFailed("If-Match is empty; send the ETag of the version you read, or leave it out")
     tags = request.if_match  # werkzeug's parse: "*", strong and weak tags
@@ -64,7 +65,7 @@ def _respond(result: SessionResult, status: int = 200) -> Response:
         headers["Location"] = url_for(".show", session_id=result.state["session_id"])
     if result.replayed:
         headers["Idempotent-Replayed"] = "true"
-    return json_response(result.state, status, headers=headers)
+    return json_response(result.body, status, headers=headers)
 
 
 @bp.post("")

@@ -43,8 +43,11 @@ class SessionRecord:
     exclude_tests: tuple[str, ...] = ()
     batch_size: int = 1
 
-    def with_observations(self, observations: tuple[tuple[str, str | None], ...]) -> SessionRecord:
-        return replace(self, observations=observations, version=self.version + 1)
+    def with_observations(self, observations: tuple[tuple[str, str | None], ...],
+                          expires_at: float | None = None) -> SessionRecord:
+        """The next version, with these observations (and this expiry, when given)."""
+        return replace(self, observations=observations, version=self.version + 1,
+                       expires_at=self.expires_at if expires_at is None else expires_at)
 
 
 @dataclass(frozen=True)
@@ -153,10 +156,18 @@ class SessionStore(abc.ABC):
     def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> SessionRecord | None:
         """The session, or None when unknown, expired or another tenant's. Slides the TTL."""
 
+    def recall_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> SessionRecord | None:
+        """The session as this process last read or wrote it, without asking the store: a guess
+        that may be stale, expired or deleted since, which only a successful
+        :meth:`update_session` confirms. None when nothing is remembered (a store whose reads
+        cost no round trip remembers nothing)."""
+        return None
+
     @abc.abstractmethod
     def update_session(self, record: SessionRecord, expected_version: int) -> None:
         """Replace the session if its stored version is still ``expected_version``, else raise
-        :class:`VersionConflict`. ``record.version`` must be ``expected_version + 1``."""
+        :class:`VersionConflict`. ``record.version`` must be ``expected_version + 1``. Slides
+        the TTL like a read."""
 
     @abc.abstractmethod
     def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:

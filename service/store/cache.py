@@ -1,4 +1,5 @@
-"""A per-process, byte-bounded LRU of compiled instances.
+"""Per-process, byte-bounded LRUs: compiled instances (:class:`InstanceCache`) and session
+records as last read or written (:class:`RecordCache`).
 
 A step needs the whole matrix; downloading and re-hashing it from Redis on every observation
 would dominate the request. Instances are immutable and content-addressed, so a cached copy is
@@ -22,6 +23,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from service.engine import CompiledInstance
+
+from .base import SessionRecord
 
 
 # A label's slot in its tuple, and its entry in test_index / outcome_index (key, value, hash).
@@ -108,3 +111,58 @@ class InstanceCache:
 
     def __contains__(self, key: tuple[str, str]) -> bool:
         return key in self._entries
+
+
+# What a remembered record costs beyond its raw bytes: the decoded SessionRecord (its strings and
+# tuples, about twice the JSON), the key and the LRU's own entry.
+RECORD_OVERHEAD_FACTOR = 3
+RECORD_ENTRY_BYTES = 400
+
+
+class RecordCache:
+    """A per-process, byte-bounded LRU of session records as this process last read or wrote
+    them: the record and the exact bytes stored for it. A write that starts from a remembered
+    record needs no read first; the compare-and-set then checks those bytes against what is
+    stored, so a remembered record that went stale (another worker wrote, the session expired or
+    was deleted, someone damaged it) is never written over."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, tuple[SessionRecord, bytes, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> tuple[SessionRecord, bytes] | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0], entry[1]
+
+    def put(self, key: str, record: SessionRecord, raw: bytes) -> None:
+        size = RECORD_OVERHEAD_FACTOR * len(raw) + RECORD_ENTRY_BYTES
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+            if size > self.max_bytes:
+                return
+            self._entries[key] = (record, raw, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (_, _, evicted) = self._entries.popitem(last=False)
+                self._bytes -= evicted
+
+    def discard(self, key: str) -> None:
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -23,8 +23,13 @@ Consistency and lifetimes
 * Every session write goes through ONE Lua script (``_CAS_SCRIPT``, one key): compare the stored version,
   write version + record, and slide the TTL, atomically. ``create_session`` is the same script
   with expected version 0 ("must not exist"). Two workers can never both apply a step.
+* One round trip per observation: each process remembers the records it last read or wrote
+  (:class:`~.cache.RecordCache`), so a write can start from one with no read first
+  (``recall_session``). The script then also compares the stored record's bytes with those the
+  write started from, and when they differ answers with the stored record, which the next
+  attempt starts from: a worker that guessed wrong pays the read it skipped, nothing more.
 * Sessions slide: reads (``get_session``: one script, HGET + PEXPIRE, one round trip) and writes
-  reset the TTL to ``session_ttl``. ``expires_at`` in returned records is now + ``session_ttl``.
+  reset the TTL to ``session_ttl``, and the session's quota entry with it (in the same round trip). ``expires_at`` in returned records is now + ``session_ttl``.
 * Instances are stored once per (tenant, content hash) with a TTL of 2 × ``session_ttl``, reset
   by ``put_instance`` and whenever ``get_instance`` serves them. The API reads a session's
   instance on every step, and each worker re-confirms (PEXPIRE) a cached instance at least every
@@ -69,6 +74,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 from urllib.parse import quote
 
@@ -90,17 +96,21 @@ from .base import (
     StoreUnavailable,
     VersionConflict,
 )
-from .cache import InstanceCache
+from .cache import InstanceCache, RecordCache
 from .memory import INSTANCE_TTL_FACTOR, _check_next_version
 from .redis_client import COMMAND_TIMEOUT, LazyClient, connect, is_unavailable, redis_errors
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BULK_TIMEOUT = 10.0
+# Session records this process remembers as it last read or wrote them (a few KB each).
+RECORD_CACHE_BYTES = 16 * 1024 * 1024
 DEFAULT_WAIT_TIMEOUT_MS = 250
 
 # KEYS[1]: the session's state hash. ARGV: expected version ("0": the session must not exist),
-# new version, record JSON, TTL in ms. Returns 1 applied, 0 version mismatch, -1 no session.
+# new version, record JSON, TTL in ms, and the record JSON the write started from ("": compare
+# the version alone). Returns 1 applied, -1 no session, 0 a create that found another record, and
+# on an update's mismatch the stored record, so the caller's next attempt needs no read of its own.
 _CAS_SCRIPT = """
 local current = redis.call('HGET', KEYS[1], 'version')
 if ARGV[1] == '0' then
@@ -114,8 +124,11 @@ if ARGV[1] == '0' then
   end
 elseif not current then
   return -1
-elseif current ~= ARGV[1] then
-  return 0
+else
+  local stored = redis.call('HGET', KEYS[1], 'record')
+  if current ~= ARGV[1] or (ARGV[5] ~= '' and stored ~= ARGV[5]) then
+    return stored or 0
+  end
 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'record', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
@@ -193,6 +206,7 @@ class RedisStore(SessionStore):
                                                 read_size=1 << 20))
         self.quotas = quotas or Quotas()
         self.cache = InstanceCache(instance_cache_bytes)
+        self.records = RecordCache(RECORD_CACHE_BYTES)
         self.round_trips = 0  # network round trips this store made (tests and /metrics read it)
 
     # --- keys --------------------------------------------------------------------------------
@@ -357,11 +371,13 @@ class RedisStore(SessionStore):
                                           self._session_ttl_ms, limit, 0, -1)
             if not admitted[0]:
                 raise QuotaExceeded("TENANT_MAX_SESSIONS", limit, admitted[2], f"has {admitted[2]} live sessions")
-        if self._compare_and_set(record, expected_version=0) != 1:
+        raw = _encode_record(record)
+        if self._compare_and_set(record, raw, expected_version=0) != 1:
             if limit is not None:
                 with self._guard():
                     self._redis.get().zrem(self.quota_key("sessions", record.tenant), record.session_id)
             raise VersionConflict(f"session {record.session_id!r} already exists")
+        self.records.put(self.session_key(record.session_id, record.tenant), record, raw)
 
     def get_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> SessionRecord | None:
         key = self.session_key(session_id, tenant)
@@ -378,24 +394,39 @@ class RedisStore(SessionStore):
                 self._slide_quota(pipe, "sessions", session_id, tenant, self._session_ttl_ms)
                 raw = _essential(pipe, 1)[0]
         if raw is None:
+            self.records.discard(key)
             return None
-        record = _decode_record(raw, expires_at=time.time() + self.session_ttl)
-        if record.session_id != session_id or record.tenant != tenant:
-            raise CorruptRecord(f"the record under {key} names session {record.session_id!r} of {record.tenant!r}")
-        return record
+        return self._remembered(key, raw, session_id, tenant)
+
+    def recall_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> SessionRecord | None:
+        seen = self.records.get(self.session_key(session_id, tenant))
+        return None if seen is None else seen[0]
 
     def update_session(self, record: SessionRecord, expected_version: int) -> None:
         _check_next_version(record, expected_version)
         if expected_version < 1:
             raise ValueError(f"expected_version must be ≥ 1, got {expected_version}")
-        result = self._compare_and_set(record, expected_version)
+        key = self.session_key(record.session_id, record.tenant)
+        seen = self.records.get(key)
+        # Started from a record this process read or wrote: its bytes must still be the stored
+        # ones (a damaged record is then refused by the next read, never written over).
+        started_from = seen[1] if seen is not None and seen[0].version == expected_version else b""
+        raw = _encode_record(record)
+        result = self._compare_and_set(record, raw, expected_version, started_from)
+        if result == 1:
+            self.records.put(key, record, raw)
+            return
         if result == -1:
+            self.records.discard(key)
             raise VersionConflict(f"session {record.session_id!r} no longer exists")
-        if result != 1:
-            raise VersionConflict(f"session {record.session_id!r} is no longer at version {expected_version}")
+        if isinstance(result, bytes):  # what is stored instead: the caller's next attempt starts there
+            with contextlib.suppress(CorruptRecord):  # forgotten: the next attempt reads it, and refuses it
+                self._remembered(key, result, record.session_id, record.tenant)
+        raise VersionConflict(f"session {record.session_id!r} is no longer at version {expected_version}")
 
     def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
         key = self.session_key(session_id, tenant)
+        self.records.discard(key)
         with self._guard():
             deleted = bool(self._write(key, [("DEL", key)])[0])
             if self.quotas.sessions is not None:  # bookkeeping on the tenant's own slot
@@ -488,18 +519,38 @@ class RedisStore(SessionStore):
                                                       max_count, size, max_bytes)
             return [int(x) for x in reply]
 
-    def _compare_and_set(self, record: SessionRecord, expected_version: int) -> int:
+    def _remembered(self, key: str, raw: bytes, session_id: str, tenant: str) -> SessionRecord:
+        """``raw`` read from ``key``, decoded and checked, and remembered as what is stored."""
+        try:
+            record = _decode_record(raw, expires_at=time.time() + self.session_ttl)
+            if record.session_id != session_id or record.tenant != tenant:
+                raise CorruptRecord(f"the record under {key} names session {record.session_id!r} of {record.tenant!r}")
+        except CorruptRecord:
+            self.records.discard(key)  # nothing remembered may stand in for it
+            raise
+        self.records.put(key, record, raw)
+        return record
+
+    def _compare_and_set(self, record: SessionRecord, raw: bytes, expected_version: int,
+                         started_from: bytes = b"") -> int | bytes:
         key = self.session_key(record.session_id, record.tenant)
-        args = (str(expected_version), str(record.version), _encode_record(record), self._session_ttl_ms)
+        args = (str(expected_version), str(record.version), raw, self._session_ttl_ms, started_from)
+        # An update slides the session's quota entry as a read does: it may follow no read.
+        bookkeeping = []
+        if expected_version > 0 and self._counted("sessions"):
+            bookkeeping.append(("ZADD", self.quota_key("sessions", record.tenant), "XX",
+                                _now_ms() + self._session_ttl_ms, record.session_id))
         with self._guard():
             # EVAL with the text, not EVALSHA: Redis caches the compiled script by its hash anyway,
             # and a master just promoted or restarted then never answers NOSCRIPT mid-pipeline.
-            return int(self._write(key, [("EVAL", _CAS_SCRIPT, 1, key, *args)])[0])
+            return self._write(key, [("EVAL", _CAS_SCRIPT, 1, key, *args)], bookkeeping=bookkeeping)[0]
 
-    def _write(self, key: str, commands: list[tuple], *, bulk: bool = False, atomic: bool = False) -> list:
+    def _write(self, key: str, commands: list[tuple], *, bulk: bool = False, atomic: bool = False,
+               bookkeeping: list[tuple] = ()) -> list:
         """Run ``commands`` (all on ``key``'s slot; a trailing dict in one is redis-py's parsing
         options for it) in one round trip, as one MULTI/EXEC when ``atomic``, and return their
-        replies.
+        replies. ``bookkeeping`` (not with ``atomic``: any slot) rides along in the same round
+        trip and may fail alone, as in :func:`_essential`.
 
         With ``wait_replicas`` (REDIS_WAIT_REPLICAS), ``WAIT`` follows them, and fewer replicas
         confirming within ``wait_timeout_ms`` is :class:`StoreUnavailable`: the write happened on
@@ -511,15 +562,15 @@ class RedisStore(SessionStore):
         client = (self._bulk if bulk else self._redis).get()
         self.round_trips += 1
         if not self.wait_replicas:
-            if len(commands) == 1 and not atomic:
+            if len(commands) == 1 and not atomic and not bookkeeping:
                 # A pipeline of one would cost the cluster client a second round trip.
                 args, options = _options(commands[0])
                 return [client.execute_command(*args, **options)]
             pipe = client.pipeline(transaction=atomic)
-            for command in commands:
+            for command in [*commands, *bookkeeping]:
                 args, options = _options(command)
                 pipe.execute_command(*args, **options)
-            return pipe.execute()
+            return _essential(pipe, len(commands)) if bookkeeping else pipe.execute()
         node = client.get_redis_connection(client.get_node_from_key(key)) if self.cluster else client
         pipe = node.pipeline(transaction=False)
         for command in [("MULTI",)] * atomic + commands + [("EXEC",)] * atomic:
@@ -538,6 +589,13 @@ class RedisStore(SessionStore):
         if confirmed < self.wait_replicas:
             raise StoreUnavailable(f"{confirmed} of {self.wait_replicas} replicas confirmed the write within "
                                    f"{self.wait_timeout_ms} ms (REDIS_WAIT_REPLICAS)")
+        if bookkeeping:  # its slot may be another node's: a round trip of its own
+            self.round_trips += 1
+            with contextlib.suppress(redis.exceptions.RedisError):
+                bookkeeper = client.pipeline(transaction=False)
+                for command in bookkeeping:
+                    bookkeeper.execute_command(*command)
+                bookkeeper.execute()
         if atomic:
             return list(replies[-2])
         return replies[:-1]
@@ -576,7 +634,11 @@ def _now_ms() -> int:
 
 def _part(text: str) -> str:
     # Percent-encode so a tenant or id can never open/close a hash tag or fake a separator.
-    return quote(text, safe="-_.~@")
+    # Session ids and most tenants need none (the check is a tenth of quote's cost).
+    return text if _NEEDS_NO_QUOTING.fullmatch(text) else quote(text, safe="-_.~@")
+
+
+_NEEDS_NO_QUOTING = re.compile(r"[A-Za-z0-9_.~@-]*")
 
 
 def _encode_record(record: SessionRecord) -> bytes:
