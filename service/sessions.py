@@ -358,8 +358,8 @@ class Sessions:
                         f"the session stopped ({state.stop_reason}) before '{observation[0]}' was observed; "
                         "start a new session to go on")
                 observations = (*observations, observation)
-                self._step(record, compiled, observations)  # raises InconsistentObservation
-            result = self._commit(record, observations, compiled, explain)
+                after = self._step(record, compiled, observations)  # raises InconsistentObservation
+            result = self._commit(record, observations, compiled, explain, after)
             if result is not None:
                 OBSERVATIONS_APPLIED.inc(len(fresh))
             return result
@@ -418,8 +418,8 @@ class Sessions:
                     f"If-Match does not name the session's current version (\"{record.version}\")")
             if unchanged:
                 return SessionResult(self._state(record, compiled, explain), record.version)
-            self._step(record, compiled, observations)  # raises InconsistentObservation
-            return self._commit(record, observations, compiled, explain)
+            after = self._step(record, compiled, observations)  # raises InconsistentObservation
+            return self._commit(record, observations, compiled, explain, after)
 
         return self._update(session_id, tenant, attempt)
 
@@ -550,19 +550,23 @@ class Sessions:
         return step
 
     def _commit(self, record: SessionRecord, observations: Labelled, compiled: engine.CompiledInstance,
-                explain: bool) -> SessionResult | None:
+                explain: bool, step: _Step) -> SessionResult | None:
         """Store ``record`` with these observations (a new version, its TTL slid) unless another
-        writer changed it since it was read: then None, and the caller reads it again."""
+        writer changed it since it was read: then None, and the caller reads it again. ``step``:
+        the step after these observations."""
         updated = record.with_observations(observations, expires_at=self.clock() + self.session_ttl)
         try:
             self.store.update_session(updated, expected_version=record.version)
         except VersionConflict:
             return None
-        return SessionResult(self._state(updated, compiled, explain), updated.version)
+        return SessionResult(self._state(updated, compiled, explain, step), updated.version)
 
-    def _state(self, record: SessionRecord, compiled: engine.CompiledInstance, explain: bool) -> bytes:
-        """SessionState's wire form, as JSON: the session's id, its step's members, when it expires."""
-        step = self._step(record, compiled, record.observations)
+    def _state(self, record: SessionRecord, compiled: engine.CompiledInstance, explain: bool,
+               step: _Step | None = None) -> bytes:
+        """SessionState's wire form, as JSON: the session's id, its step's members (``step``, when
+        the caller has it), when it expires."""
+        if step is None:
+            step = self._step(record, compiled, record.observations)
         return (b'{"session_id":' + orjson.dumps(record.session_id) + b"," + _members(step, explain)
                 + b',"expires_at":' + orjson.dumps(_rfc3339(record.expires_at)) + b"}")
 

@@ -573,15 +573,36 @@ def test_redis_a_write_from_a_remembered_record_never_replaces_a_damaged_one(red
     assert store.recall_session("s-1") is None  # forgotten: the next attempt reads it, and refuses it
 
 
-def test_redis_an_update_slides_the_session_quota_entry_as_a_read_does(redis_env):
-    store = redis_env.make(session_ttl=3600, quotas=Quotas(sessions=10))
+def test_redis_a_session_quota_entry_never_lapses_before_its_session(redis_env):
+    # TTL 2 s: the entry may outlive its session by 0.2 s. Writes with no read between them
+    # (each observation, from a remembered record) must slide it in time: 8 of them over more
+    # than 0.2 s would see it lapse otherwise.
+    store = redis_env.make(session_ttl=2, quotas=Quotas(sessions=10))
     record = session()
     store.create_session(record)
     raw = raw_client(redis_env.redis_url)
-    quota = store.quota_key("sessions")
-    raw.zadd(quota, {"s-1": 1})  # as if last slid long ago
-    store.update_session(record.with_observations((("ecg", "normal"),)), expected_version=1)
-    assert raw.zscore(quota, "s-1") >= (time.time() + 3600 - 60) * 1000
+    quota, key = store.quota_key("sessions"), store.session_key("s-1")
+    for step in range(8):
+        time.sleep(0.06)
+        updated = record.with_observations(((f"t{step}", "yes"),))
+        store.update_session(updated, expected_version=record.version)
+        record = updated
+        expires_ms = raw.pexpiretime(key)
+        assert expires_ms <= raw.zscore(quota, "s-1") <= expires_ms + 200
+
+
+def test_redis_writes_slide_a_session_quota_entry_only_when_due(redis_env):
+    store = redis_env.make(session_ttl=3600, quotas=Quotas(sessions=10))  # a slack of 60 s
+    record = session()
+    store.create_session(record)
+    raw = raw_client(redis_env.redis_url)
+    quota, key = store.quota_key("sessions"), store.session_key("s-1")
+    created = raw.zscore(quota, "s-1")
+    for step in range(5):
+        updated = record.with_observations(((f"t{step}", "yes"),))
+        store.update_session(updated, expected_version=record.version)
+        record = updated
+    assert raw.zscore(quota, "s-1") == created >= raw.pexpiretime(key)
 
 
 def test_redis_repeated_get_instance_is_served_by_the_worker_cache(redis_env):

@@ -91,7 +91,7 @@ class Quotas:
 
     instances: int | None = None
     stored_bytes: int | None = None  # encoded instances (service/store/codec.py encoded_size)
-    sessions: int | None = None  # live (not expired, not deleted)
+    sessions: int | None = None  # live (not expired, not deleted; Redis: up to min(60 s, TTL / 10) past expiry)
 
 
 class QuotaExceeded(RuntimeError):

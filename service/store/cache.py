@@ -119,6 +119,14 @@ RECORD_OVERHEAD_FACTOR = 3
 RECORD_ENTRY_BYTES = 400
 
 
+@dataclass(frozen=True)
+class RememberedRecord:
+    record: SessionRecord
+    raw: bytes  # exactly as stored
+    quota_slid_at: float  # time.monotonic() when this process last slid its quota entry (0: unknown)
+    nbytes: int = 0
+
+
 class RecordCache:
     """A per-process, byte-bounded LRU of session records as this process last read or wrote
     them: the record and the exact bytes stored for it. A write that starts from a remembered
@@ -128,37 +136,36 @@ class RecordCache:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, tuple[SessionRecord, bytes, int]] = OrderedDict()
+        self._entries: OrderedDict[str, RememberedRecord] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> tuple[SessionRecord, bytes] | None:
+    def get(self, key: str) -> RememberedRecord | None:
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            return entry[0], entry[1]
+            if entry is not None:
+                self._entries.move_to_end(key)
+            return entry
 
-    def put(self, key: str, record: SessionRecord, raw: bytes) -> None:
-        size = RECORD_OVERHEAD_FACTOR * len(raw) + RECORD_ENTRY_BYTES
+    def put(self, key: str, record: SessionRecord, raw: bytes, quota_slid_at: float) -> None:
+        entry = RememberedRecord(record, raw, quota_slid_at, RECORD_OVERHEAD_FACTOR * len(raw) + RECORD_ENTRY_BYTES)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self._bytes -= old[2]
-            if size > self.max_bytes:
+                self._bytes -= old.nbytes
+            if entry.nbytes > self.max_bytes:
                 return
-            self._entries[key] = (record, raw, size)
-            self._bytes += size
+            self._entries[key] = entry
+            self._bytes += entry.nbytes
             while self._bytes > self.max_bytes:
-                _, (_, _, evicted) = self._entries.popitem(last=False)
-                self._bytes -= evicted
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.nbytes
 
     def discard(self, key: str) -> None:
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self._bytes -= old[2]
+                self._bytes -= old.nbytes
 
     @property
     def nbytes(self) -> int:
