@@ -59,44 +59,42 @@ class CachedInstance:
     nbytes: int = 0  # resident_bytes(instance), counted once
 
 
-class InstanceCache:
+class _ByteBoundedLRU:
+    """An LRU of entries that carry their own ``nbytes``, evicting the least recently used until
+    the sum fits ``max_bytes``; an entry bigger than the whole budget is not kept."""
+
     def __init__(self, max_bytes: int):
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be ≥ 0, got {max_bytes}")
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[str, str], CachedInstance] = OrderedDict()
+        self._entries: OrderedDict = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self.hits = self.misses = self.evictions = 0
+        self.evictions = 0
 
-    def get(self, key: tuple[str, str]) -> CachedInstance | None:
+    def _lookup(self, key):
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
+            if entry is not None:
+                self._entries.move_to_end(key)
             return entry
 
-    def put(self, key: tuple[str, str], instance: CompiledInstance, checked_at: float) -> bool:
-        """Cache ``instance``; False when it alone exceeds the budget."""
-        size = resident_bytes(instance)
-        if size > self.max_bytes:
-            return False
+    def _keep(self, key, entry) -> bool:
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old.nbytes
-            self._entries[key] = CachedInstance(instance, checked_at, size)
-            self._bytes += size
+            if entry.nbytes > self.max_bytes:
+                return False
+            self._entries[key] = entry
+            self._bytes += entry.nbytes
             while self._bytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.nbytes
                 self.evictions += 1
             return True
 
-    def discard(self, key: tuple[str, str]) -> None:
+    def discard(self, key) -> None:
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
@@ -109,8 +107,29 @@ class InstanceCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, key: tuple[str, str]) -> bool:
+    def __contains__(self, key) -> bool:
         return key in self._entries
+
+
+class InstanceCache(_ByteBoundedLRU):
+    def __init__(self, max_bytes: int):
+        super().__init__(max_bytes)
+        self.hits = self.misses = 0
+
+    def get(self, key: tuple[str, str]) -> CachedInstance | None:
+        entry = self._lookup(key)
+        if entry is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return entry
+
+    def put(self, key: tuple[str, str], instance: CompiledInstance, checked_at: float) -> bool:
+        """Cache ``instance``; False when it alone exceeds the budget."""
+        size = resident_bytes(instance)
+        if size > self.max_bytes:
+            return False
+        return self._keep(key, CachedInstance(instance, checked_at, size))
 
 
 # What a remembered record costs beyond its raw bytes: the decoded SessionRecord (its strings and
@@ -127,49 +146,16 @@ class RememberedRecord:
     nbytes: int = 0
 
 
-class RecordCache:
+class RecordCache(_ByteBoundedLRU):
     """A per-process, byte-bounded LRU of session records as this process last read or wrote
     them: the record and the exact bytes stored for it. A write that starts from a remembered
     record needs no read first; the compare-and-set then checks those bytes against what is
     stored, so a remembered record that went stale (another worker wrote, the session expired or
     was deleted, someone damaged it) is never written over."""
 
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, RememberedRecord] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
     def get(self, key: str) -> RememberedRecord | None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-            return entry
+        return self._lookup(key)
 
     def put(self, key: str, record: SessionRecord, raw: bytes, quota_slid_at: float) -> None:
-        entry = RememberedRecord(record, raw, quota_slid_at, RECORD_OVERHEAD_FACTOR * len(raw) + RECORD_ENTRY_BYTES)
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= old.nbytes
-            if entry.nbytes > self.max_bytes:
-                return
-            self._entries[key] = entry
-            self._bytes += entry.nbytes
-            while self._bytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.nbytes
-
-    def discard(self, key: str) -> None:
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= old.nbytes
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        self._keep(key, RememberedRecord(record, raw, quota_slid_at,
+                                         RECORD_OVERHEAD_FACTOR * len(raw) + RECORD_ENTRY_BYTES))
