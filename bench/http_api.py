@@ -13,7 +13,8 @@ Then drives ``POST /v1/sessions/{sid}/observations`` from ``--connections`` keep
 (processes × threads, so the client is not one GIL) on two instances of n = 200 hypotheses,
 N = 50 binary tests and 50 classes: a deterministic one (EC²) and a noisy one (likelihoods,
 EffECXtive). Each connection answers the test the service asks for as a hidden true hypothesis
-would (sampling its likelihoods on the noisy instance), session after session. Every connection
+would (on the noisy instance, one draw from its likelihoods per test, made while the session is
+prepared), session after session. Every connection
 creates all its sessions first and the clock starts when the last one is ready; request bodies
 are encoded and responses decoded with orjson, as the floor does.
 
@@ -119,20 +120,23 @@ def random_instance(n: int, n_tests: int, outcomes: int, classes: int, seed: int
 
 
 class Answers:
-    """The hidden true hypothesis's answer to a test: its outcome, or a draw from its likelihoods."""
+    """The hidden true hypothesis's answers to every test: its outcomes, or one draw from its
+    likelihoods per test, drawn when the session is prepared (a respondent's answer to a question
+    does not change), so the timed loop looks answers up and the client's CPU per request is what
+    the floor's client spends: a request and its response."""
 
     def __init__(self, instance: dict):
-        self.test_index = {t["id"]: j for j, t in enumerate(instance["tests"])}
+        self.test_ids = [t["id"] for t in instance["tests"]]
         self.matrix = instance.get("matrix")
         self.likelihood = None if self.matrix is not None else np.array(instance["likelihood_matrix"])
         self.n = len(instance["classes"])
 
-    def __call__(self, truth: int, test: str, rng: np.random.Generator) -> str:
-        j = self.test_index[test]
+    def sheet(self, truth: int, rng: np.random.Generator) -> dict[str, str]:
         if self.matrix is not None:
-            return str(self.matrix[truth][j])
-        cells = self.likelihood[truth, j]
-        return str(int(rng.choice(len(cells), p=cells)))
+            return {test: str(k) for test, k in zip(self.test_ids, self.matrix[truth])}
+        cells = self.likelihood[truth]  # (N, ℓ)
+        drawn = (rng.random((len(cells), 1)) > np.cumsum(cells, axis=1)).sum(axis=1)
+        return {test: str(int(k)) for test, k in zip(self.test_ids, np.minimum(drawn, cells.shape[1] - 1))}
 
 
 # --- the load ----------------------------------------------------------------------------
@@ -169,18 +173,18 @@ def _session_connection(port, instance_id, answers, sessions, seconds, ready, go
         status, state = client.call("POST", "/v1/sessions", {"instance_id": instance_id,
                                                              "seed": int(rng.integers(0, 2**62))})
         assert status == 201, state
-        prepared.append((state, int(rng.integers(0, answers.n))))
+        prepared.append((state, answers.sheet(int(rng.integers(0, answers.n)), rng)))
     ready.put(1)
     go.wait()
     latencies, errors, deadline = [], 0, start_at.value + seconds
     while time.time() < start_at.value:
         time.sleep(0.0005)
-    for state, truth in prepared:
+    for state, sheet in prepared:
         while not state["done"] and time.time() < deadline:
             test = state["next_test"]["id"]
             began = time.perf_counter()
             status, body = client.call("POST", f"/v1/sessions/{state['session_id']}/observations",
-                                       {"test": test, "outcome": answers(truth, test, rng)})
+                                       {"test": test, "outcome": sheet[test]})
             latencies.append(time.perf_counter() - began)
             if status != 200:
                 errors += 1
@@ -224,8 +228,14 @@ def _process(kind: str, args: tuple, threads: int, sync: tuple, out, seed: int) 
         pool.append(threading.Thread(target=target, args=thread_args))
     for thread in pool:
         thread.start()
+    go = sync[1]
+    go.wait()
+    while time.time() < sync[2].value:
+        time.sleep(0.0005)
+    started = time.process_time()
     for thread in pool:
         thread.join()
+    out.put(("client_cpu", time.process_time() - started))
 
 
 def cpu_seconds(pids: list[int]) -> dict[int, float]:
@@ -270,11 +280,15 @@ def drive(kind: str, args: tuple, connections: int, seconds: float, server: list
     go.set()
     time.sleep(max(0.0, start_at.value - time.time()))
     before = cpu_seconds([*server, redis_pid])
-    latencies, errors, results, exhausted = [], 0, 0, 0
-    while results < connections:
+    latencies, errors, results, exhausted, client_cpu, clients = [], 0, 0, 0, 0.0, 0
+    while results < connections or clients < len(processes):
         message = out.get(timeout=seconds + 120)
         if message[0] == "exhausted":
             exhausted += 1
+            continue
+        if message[0] == "client_cpu":
+            client_cpu += message[1]
+            clients += 1
             continue
         latencies += message[1]
         errors += message[2]
@@ -289,6 +303,7 @@ def drive(kind: str, args: tuple, connections: int, seconds: float, server: list
     return {"requests": len(lat), "errors": errors, "rps": len(lat) / seconds,
             "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
             "cpu_ms": sum(spent.values()) * 1000 / max(1, len(lat)), "redis_cpu_ms": redis_ms,
+            "client_cpu_ms": client_cpu * 1000 / max(1, len(lat)),
             "ran_out_of_sessions": exhausted}
 
 
@@ -305,6 +320,8 @@ def paired_rounds(floor_port: int, session_args: tuple, rounds: int, connections
         "cpu_ms": median(r["cpu_ms"] for r in services), "floor_cpu_ms": median(r["cpu_ms"] for r in floors),
         "redis_cpu_ms": median(r["redis_cpu_ms"] for r in services),
         "floor_redis_cpu_ms": median(r["redis_cpu_ms"] for r in floors),
+        "client_cpu_ms": median(r["client_cpu_ms"] for r in services),
+        "floor_client_cpu_ms": median(r["client_cpu_ms"] for r in floors),
         "floor_rps": median(r["rps"] for r in floors), "floor_p99_ms": median(r["p99_ms"] for r in floors),
         "floor_p50_ms": median(r["p50_ms"] for r in floors),
         "rps": median(r["rps"] for r in services), "p99_ms": median(r["p99_ms"] for r in services),
@@ -401,12 +418,13 @@ def main(argv: list[str] | None = None) -> int:
             if r["errors"] or r["ran_out_of_sessions"]:
                 print(f"warning: {name}: {r['errors']} errors, {r['ran_out_of_sessions']} connections ran out of sessions")
         print(f"(medians over the rounds; goals: req/s ≥ {RPS_GOAL} × the floor's, p99 ≤ {P99_GOAL} × the floor's)")
-        print(f"\n| {'server CPU per request, ms':<36} | {'workers':>7} | {'floor':>7} | {'redis':>7} | {'floor':>7} |")
-        print(f"|{'-' * 38}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|")
+        print(f"\n| {'CPU per request, ms':<36} | {'workers':>7} | {'floor':>7} | {'redis':>7} | {'floor':>7} "
+              f"| {'client':>7} | {'floor':>7} |")
+        print(f"|{'-' * 38}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|")
         for name, r in results.items():
             label = "deterministic (EC²)" if name == "deterministic" else "noisy (likelihoods, EffECXtive)"
             print(f"| {label:<36} | {r['cpu_ms']:>7.3f} | {r['floor_cpu_ms']:>7.3f} | {r['redis_cpu_ms']:>7.3f} "
-                  f"| {r['floor_redis_cpu_ms']:>7.3f} |")
+                  f"| {r['floor_redis_cpu_ms']:>7.3f} | {r['client_cpu_ms']:>7.3f} | {r['floor_client_cpu_ms']:>7.3f} |")
         if args.large:
             large = random_instance(10_000, 1_000, 2, 20, seed=2)
             # Warm each worker's instance cache, then measure.

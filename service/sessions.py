@@ -102,6 +102,7 @@ class _Step:
     done: bool
     stop_reason: str | None
     next_tests: tuple[str, ...]  # ids of the tests proposed
+    history: tuple[int, int] = (0, 0)  # where the history's JSON array is in ``fields``
 
     @property
     def nbytes(self) -> int:
@@ -136,10 +137,12 @@ class _StepCache:
             self._entries.move_to_end(key)
             return entry[0]
 
-    def belief(self, key: _StepKey) -> engine.Belief | None:
+    def computed(self, key: _StepKey) -> tuple[_Step, engine.Belief | None] | None:
+        """The step and the belief it was computed from (None when not kept), without touching
+        the order of eviction."""
         with self._lock:
             entry = self._entries.get(key)
-            return None if entry is None else entry[1]
+            return None if entry is None else entry[:2]
 
     def put(self, key: _StepKey, step: _Step, belief: engine.Belief) -> None:
         size = _key_bytes(key) + step.nbytes
@@ -538,14 +541,14 @@ class Sessions:
         if step is None:
             with SELECTION_SECONDS.time():
                 parsed = engine.parse_observations(compiled, observations)
-                previous = self._steps.belief(key._replace(observations=observations[:-1])) if observations else None
-                belief = engine.observe(compiled, parsed, previous)
+                previous = self._steps.computed(key._replace(observations=observations[:-1])) if observations else None
+                belief = engine.observe(compiled, parsed, None if previous is None else previous[1])
                 excluded_mask = None
                 if excluded:
                     excluded_mask = np.zeros(compiled.n_tests, dtype=bool)
                     excluded_mask[[compiled.test_index[t] for t in excluded]] = True
                 decision = engine.decide(belief, resolved, rules, seed, excluded_mask, batch_size)
-            step = _step_of(compiled, policy, decision)
+            step = _step_of(compiled, policy, decision, previous)
             self._steps.put(key, step, belief)
         return step
 
@@ -637,7 +640,11 @@ def _wire(step: _Step, explain: bool) -> bytes:
     return b"{" + _members(step, explain) + b"}"
 
 
-def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.Decision) -> _Step:
+def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.Decision,
+             previous: tuple[_Step, engine.Belief | None] | None = None) -> _Step:
+    """The step's JSON. ``previous``: the step before (and its belief), whose history's JSON is
+    reused when this belief carries its observations forward: a step late in a session then
+    writes one history entry, not all of them."""
     belief = decision.belief
     posterior = belief.class_posterior
     order = np.argsort(-posterior, kind="stable")  # most probable first; ties in instance order
@@ -648,7 +655,7 @@ def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.De
     scores = decision.scores
     scored = np.flatnonzero(~np.isnan(scores))
     best = scored[np.argsort(-scores[scored], kind="stable")][:EXPLAIN_CANDIDATES].tolist()
-    fields = {
+    head = {
         "policy": policy,
         "step": len(belief.answers),
         "next_test": next_tests[0] if next_tests else None,
@@ -656,18 +663,30 @@ def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.De
         "done": decision.done,
         "stop_reason": None if decision.stop_reason is None else str(decision.stop_reason),
         "cost_spent": float(belief.cost_spent),
-        "history": [{"test": tests[t], "skipped": True, "cost": float(costs[t]) if compiled.skip_charged else 0.0}
-                    if k == engine.SKIPPED else
-                    {"test": tests[t], "outcome": compiled.outcome_labels[t][k], "cost": float(costs[t])}
-                    for t, k in belief.observations],
+    }
+    tail = {
         "class_posterior": dict(zip(map(labels.__getitem__, order.tolist()), posterior[order].tolist())),
         "map_class": labels[int(order[0])],
         "version_space_size": int(belief.alive.size) if compiled.kind == "deterministic" else None,
         **_decision_fields(compiled, belief),
     }
+    observations, written, carried = belief.observations, 0, b"[]"
+    if previous is not None and previous[1] is not None:
+        before = previous[1].observations
+        if observations[:len(before)] == before:
+            written, (start, end) = len(before), previous[0].history
+            carried = previous[0].fields[start:end]
+    history = orjson.dumps([{"test": tests[t], "skipped": True, "cost": float(costs[t]) if compiled.skip_charged else 0.0}
+                            if k == engine.SKIPPED else
+                            {"test": tests[t], "outcome": compiled.outcome_labels[t][k], "cost": float(costs[t])}
+                            for t, k in observations[written:]])
+    if carried != b"[]":
+        history = carried if history == b"[]" else carried[:-1] + b"," + history[1:]
+    opening = orjson.dumps(head)[1:-1] + b',"history":'
+    fields = opening + history + b"," + orjson.dumps(tail)[1:-1]
     candidates = [{"test": tests[t], "score": float(scores[t]), "cost": float(costs[t])} for t in best]
-    return _Step(orjson.dumps(fields)[1:-1], orjson.dumps(candidates), decision.done, fields["stop_reason"],
-                 tuple(test["id"] for test in next_tests))
+    return _Step(fields, orjson.dumps(candidates), decision.done, head["stop_reason"],
+                 tuple(test["id"] for test in next_tests), (len(opening), len(opening) + len(history)))
 
 
 def _decision_fields(compiled: engine.CompiledInstance, belief: engine.Belief) -> WireBody:

@@ -11,7 +11,7 @@ from api_support import NOISY, QUAD, TRIAGE, Delegating, assert_problem, new_ses
 from schemas.api import SessionState, StepState
 from service import engine
 from service.app import create_app
-from service.sessions import _belief_bytes, _Step, _StepCache, _StepKey
+from service.sessions import _belief_bytes, _Step, _StepCache, _StepKey, _step_of
 from tests.builders import compile_wire
 from service.store import StoreUnavailable, VersionConflict, create_store
 
@@ -314,5 +314,44 @@ def test_a_belief_over_an_eighth_of_the_step_cache_is_not_kept_but_its_step_is()
         cache = _StepCache(max_bytes=budget)
         cache.put(key, step, belief)
         assert cache.get(key) is step
-        assert (cache.belief(key) is belief) == kept
+        assert (cache.computed(key)[1] is belief) == kept
         assert 0 < cache.nbytes <= budget
+
+
+@pytest.mark.parametrize("skip_cost", [None, "charged"])
+def test_a_step_writes_the_history_of_the_step_before_it_once_and_the_same_bytes_as_from_scratch(skip_cost):
+    import orjson
+
+    wire = {"tests": [{"id": "a", "outcomes": ["0", "1"], "cost": 1.5},
+                      {"id": "b", "outcomes": ["0", "1"], "repeatable": True, "cost": 0.25},
+                      {"id": "c", "outcomes": ["0", "1", "2"], "cost": 2.0}, {"id": "d", "outcomes": ["0", "1"]}],
+            "classes": ["X", "X", "Y", "Y", "Z"],
+            "likelihood_matrix": [[[0.8, 0.2], [0.7, 0.3], [0.5, 0.3, 0.2], [0.9, 0.1]],
+                                  [[0.6, 0.4], [0.2, 0.8], [0.1, 0.1, 0.8], [0.5, 0.5]],
+                                  [[0.3, 0.7], [0.5, 0.5], [0.3, 0.3, 0.4], [0.2, 0.8]],
+                                  [[0.1, 0.9], [0.9, 0.1], [0.6, 0.2, 0.2], [0.4, 0.6]],
+                                  [[0.5, 0.5], [0.4, 0.6], [0.2, 0.5, 0.3], [0.7, 0.3]]]}
+    # Rectangular: a two-outcome test's cells have a third probability, 0.
+    wire["likelihood_matrix"] = [[cell + [0.0] * (3 - len(cell)) for cell in row] for row in wire["likelihood_matrix"]]
+    if skip_cost:
+        wire["skip_cost"] = skip_cost
+    inst = compile_wire(wire)
+    policy = engine.resolve_policy(inst, "effecxtive")
+    labelled = [("b", "1"), ("c", None), ("b", "0"), ("a", "1"), ("b", "1"), ("d", None)]
+    observations = engine.parse_observations(inst, labelled)
+    previous, expected = None, []
+    for j in range(len(observations) + 1):
+        belief = engine.observe(inst, observations[:j], None if previous is None else previous[1])
+        decision = engine.decide(belief, policy)
+        step = _step_of(inst, "effecxtive", decision, previous)
+        assert step.fields == _step_of(inst, "effecxtive", decision).fields
+        if j:
+            test, outcome = labelled[j - 1]
+            cost = {"a": 1.5, "b": 0.25, "c": 2.0, "d": 1.0}[test]
+            expected.append({"test": test, "outcome": outcome, "cost": cost} if outcome is not None
+                            else {"test": test, "skipped": True, "cost": cost if skip_cost else 0.0})
+        state = orjson.loads(b"{" + step.fields + b"}")
+        assert state["history"] == expected
+        start, end = step.history
+        assert orjson.loads(step.fields[start:end]) == expected
+        previous = (step, belief)

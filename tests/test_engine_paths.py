@@ -9,6 +9,7 @@ than the widest, full and thinned-out version spaces."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -22,7 +23,7 @@ from service.store.cache import resident_bytes
 
 PATHS = {
     "dense": {},
-    "dense, padded runs": {"_PADDED_RUNS": 1},
+    "dense, padded runs": {"_PADDED_RUNS": 1, "_PADDED_GROWTH": math.inf},
     "dense, one GEMM": {"_PADDED_RUNS": math.inf},
     "dense, per-class sums": {"_PADDED_RUNS": math.inf, "_DENSE_FLOPS": 0},
     "streamed, cast blocks": {"_DENSE_CELLS": 0, "_MIN_GROUP_FILL": math.inf},
@@ -181,6 +182,32 @@ def test_derived_bytes_cover_what_the_engine_keeps_on_an_instance_and_the_cache_
         kept += [a for a in (inst.outcome_bits, inst.packed_outcomes) if a is not None]
         assert inst.derived_nbytes >= sum(a.nbytes for a in kept)
         assert resident_bytes(inst) == counted_before >= inst.nbytes + inst.derived_nbytes
+
+
+def test_the_padded_table_of_a_whole_version_space_is_kept_counted_and_holds_each_row_in_its_slot():
+    rng = np.random.default_rng(8)
+    for kind in ("deterministic", "likelihood"):
+        inst = random_instance(rng, kind, True, n=64, n_tests=6)
+        # 16 classes of 4 rows: the longest is 1/16 of the rows, the table exactly the rows.
+        inst = dataclasses.replace(inst, class_index=np.repeat(np.arange(16), 4),
+                                   class_labels=tuple(f"c{c}" for c in range(16)), prior=np.full(64, 1 / 64))
+        assert inst.uses_padded_answers
+        counted_before = inst.derived_nbytes
+        engine.next_step(inst, [])
+        padded = inst.__dict__["padded_answers"]  # built by the step, not by this read
+        assert counted_before >= padded.nbytes + inst.log_prior.nbytes
+        answers = (inst.outcomes[:, None, :] == np.arange(inst.max_outcomes)[:, None] if kind == "deterministic"
+                   else inst.likelihood_by_outcome)
+        for h in range(64):
+            assert np.array_equal(padded[h // 4, h % 4], answers[h].reshape(-1))
+    # One class of 8 rows beside 120 singletons: padding every singleton to 8 rows would make the
+    # table 7.6 times the rows, so the pass does not keep (or count) one.
+    inst = random_instance(rng, "likelihood", True, n=128, n_tests=6)
+    inst = dataclasses.replace(inst, class_index=np.concatenate(([0] * 8, np.arange(1, 121))),
+                               class_labels=tuple(f"c{c}" for c in range(121)), prior=np.full(128, 1 / 128))
+    assert not inst.uses_padded_answers
+    engine.next_step(inst, [])
+    assert "padded_answers" not in inst.__dict__
 
 
 @pytest.mark.parametrize("classes", [[0], [0, 0, 0], [0, 1, 2], [4, 4, 1, 1, 1, 7, 2, 2], list(range(9)) + [9] * 5])

@@ -46,7 +46,7 @@ def random_case(seed: int, kind: str):
 # come, whole with the classes' rows padded to the longest class, streamed by cast-and-GEMV
 # blocks, and streamed from the bit planes whatever is alive.
 STATISTICS_PATHS = {"dense": {},
-                    "dense, padded runs": {"_PADDED_RUNS": 1},
+                    "dense, padded runs": {"_PADDED_RUNS": 1, "_PADDED_GROWTH": math.inf},
                     "streamed": {"_DENSE_CELLS": 0, "_MIN_GROUP_FILL": math.inf},
                     "streamed, bit planes": {"_DENSE_CELLS": 0, "_MIN_GROUP_FILL": 0}}
 
@@ -105,6 +105,47 @@ def assert_same_belief(carried, scratch, where: str) -> None:
     assert carried.observations == scratch.observations, where
     assert np.array_equal(carried.alive, scratch.alive), where
     assert np.array_equal(carried.mass, scratch.mass), where  # bit for bit, not merely close
+    # What a carried belief takes over from the one before it, against its definition.
+    answers = tuple((t, k) for t, k in scratch.observations if k != engine.SKIPPED)
+    assert carried.answers == answers, where
+    assert carried.run_tests.tolist() == [any(t == u for u, _ in answers) for t in range(scratch.instance.n_tests)]
+    charged = scratch.observations if scratch.instance.skip_charged else answers
+    assert carried.cost_spent == float(sum(scratch.instance.costs[t] for t, _ in charged)), where
+
+
+@pytest.mark.parametrize("kind", ["deterministic", "likelihood"])
+@pytest.mark.parametrize("skip_charged", [False, True])
+def test_a_belief_carried_forward_through_skips_and_repeated_answers_equals_the_belief_from_scratch(kind,
+                                                                                                   skip_charged):
+    for seed in range(40):
+        rng = random.Random(seed)
+        model = ref.random_model(rng, kind)
+        inst = compile_model(model)
+        repeatable = np.array([rng.random() < 0.4 for _ in range(inst.n_tests)])
+        inst = dataclasses.replace(inst, repeatable=repeatable, skip_charged=skip_charged,
+                                   costs=np.array([rng.choice([0.1, 0.7, 1.3, 2.0]) for _ in range(inst.n_tests)]))
+        truth = rng.randrange(model.n)
+        observations = []
+        for t in rng.sample(range(inst.n_tests), inst.n_tests):
+            if rng.random() < 0.3:
+                observations.append((t, engine.SKIPPED))
+                continue
+            for _ in range(2 if repeatable[t] else 1):
+                observations.append((t, ref.sample_outcome(model, rng, truth, t)))
+        try:
+            engine.observe(inst, observations)
+        except engine.InconsistentObservation:
+            continue  # a noisy repeat no hypothesis gives; the prefixes before it are what is compared
+        previous = engine.observe(inst, [])
+        for j in range(1, len(observations) + 1):
+            carried = engine.observe(inst, observations[:j], previous=previous)
+            scratch = engine.observe(inst, observations[:j])
+            assert_same_belief(carried, scratch, f"seed {seed}, {j} observations")
+            # Several observations at once, from an earlier belief that knows its answers.
+            earlier = engine.observe(inst, observations[:j // 2])
+            assert_same_belief(earlier, engine.observe(inst, observations[:j // 2]), "")
+            assert_same_belief(engine.observe(inst, observations[:j], previous=earlier), scratch, f"seed {seed}, {j}")
+            previous = carried
 
 
 @pytest.mark.parametrize("kind", ["deterministic", "likelihood"])
@@ -512,6 +553,7 @@ def test_big_and_small_classes_mixed_agree_with_the_reference(kind, policy, sett
         model, observations, sizes = mixed_classes_case(20_000 + seed, kind)
         if setting == "dense, padded runs":
             monkeypatch.setattr(belief_module, "_PADDED_RUNS", 1)
+            monkeypatch.setattr(belief_module, "_PADDED_GROWTH", math.inf)
         if setting == "dense, per-class sums":
             monkeypatch.setattr(belief_module, "_PADDED_RUNS", math.inf)
             monkeypatch.setattr(belief_module, "_DENSE_FLOPS", 0)

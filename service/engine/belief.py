@@ -13,7 +13,7 @@ from functools import cache
 
 import numpy as np
 
-from .compiled import CompiledInstance, class_runs
+from .compiled import DENSE_CELLS, PADDED_GROWTH, PADDED_RUNS, CompiledInstance, class_runs
 from .errors import ConflictingObservation, InconsistentObservation, UnknownOutcome, UnknownTest
 from .regions import PowerSums, power_sums, region_sets
 
@@ -42,13 +42,13 @@ _SMALL_CLASS_CELLS = 1 << 12
 _PARALLEL_CELLS = 1 << 23
 # At most this many alive numbers (rows × tests × outcomes), α is built whole, (classes, N, ℓ), by
 # one vectorised sum per class: a handful of numpy calls in all, where the streamed pass pays
-# ~0.1 ms of fixed cost (run detection, blocks, complements) that dominates small steps.
-_DENSE_CELLS = 1 << 17
-# ... and the classes' sums are products of their rows padded to the longest class when that is
-# at most 1/_PADDED_RUNS of the rows, else one GEMM with the matrix of class weights when that
-# costs at most _DENSE_FLOPS multiplications (classes × rows × N × ℓ), else a per-class
-# np.add.reduceat.
-_PADDED_RUNS = 16
+# ~0.1 ms of fixed cost (run detection, blocks, complements) that dominates small steps. Its
+# classes' sums: rows padded to the longest class (compiled.py says when), else one GEMM with the
+# matrix of class weights when that costs at most _DENSE_FLOPS multiplications (classes × rows ×
+# N × ℓ), else a per-class np.add.reduceat.
+_DENSE_CELLS = DENSE_CELLS
+_PADDED_RUNS = PADDED_RUNS
+_PADDED_GROWTH = PADDED_GROWTH
 _DENSE_FLOPS = 1 << 22
 # The bit-plane pass (singleton classes, _Sums.add_bit_planes) looks up at most this many bytes of
 # a plane per block of groups: the block's tables and looked-up entries stay in the L2 cache.
@@ -268,7 +268,6 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
             and (inst.outcomes is not None or previous.support is not None)
             and observations[: len(previous.observations)] == previous.observations):
         done = len(previous.observations)
-    answers = [(t, k) for t, k in observations if k != SKIPPED]
     # Skips change no mass: only the answers after the carried-forward prefix are applied.
     new_answers = [(t, k) for t, k in observations[done:] if k != SKIPPED]
     if inst.outcomes is not None:
@@ -283,22 +282,25 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
         if alive is None:
             alive = (inst.prior > 0).nonzero()[0]
         if alive.size == 0:
-            raise InconsistentObservation(_inconsistent_message(inst, answers))
-        return Belief(inst, observations, alive, inst.prior[alive])
+            raise InconsistentObservation(_inconsistent_message(inst, observations))
+        return _carried(Belief(inst, observations, alive, inst.prior[alive]), previous if done else None, new_answers)
     if done:
         support, log_post = previous.support, previous.log_posterior
     else:
         support, log_post = np.arange(inst.n_hypotheses), inst.log_prior
-    if new_answers:
-        rows = slice(None) if support.size == inst.n_hypotheses else support
-        with np.errstate(divide="ignore"):
-            for t, k in new_answers:
-                # The log of one column of likelihoods per observation: O(n), and no second
-                # n × N × ℓ tensor of logs beside the instance.
-                log_post = log_post + np.log(inst.likelihood[rows, t, k])
+    rows = slice(None) if support.size == inst.n_hypotheses else support
+    for t, k in new_answers:
+        # The log of one column of likelihoods per observation: O(n), and no second n × N × ℓ
+        # tensor of logs beside the instance.
+        column = inst.likelihood[rows, t, k]
+        if column.all():
+            log_post = log_post + np.log(column)
+        else:
+            with np.errstate(divide="ignore"):
+                log_post = log_post + np.log(column)
     top = log_post.max() if log_post.size else -np.inf
     if top == -np.inf:  # log probabilities are ≤ 0
-        raise InconsistentObservation(_inconsistent_message(inst, answers))
+        raise InconsistentObservation(_inconsistent_message(inst, observations))
     # Shift by the maximum before exponentiating: 500+ observations stay finite and exact.
     weight = np.exp(log_post - top)
     positive = weight > 0
@@ -310,11 +312,40 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
             # Rows of probability 0 (log −∞) stay there whatever comes next: no need to carry them.
             support, log_post, weight, positive = support[finite], log_post[finite], weight[finite], positive[finite]
         alive, mass = support[positive], weight[positive]
-    return Belief(inst, observations, alive, mass / mass.sum(), support, log_post)
+    return _carried(Belief(inst, observations, alive, mass / mass.sum(), support, log_post),
+                    previous if done else None, new_answers)
+
+
+def _carried(belief: Belief, previous: Belief | None, new_answers: list[Observation]) -> Belief:
+    """``belief`` with what ``previous`` (the belief of a prefix of its observations) already
+    knows about the answers carried forward: one step late in a session then costs O(1) here, not
+    a pass over every observation. The same values as computing them afresh: the answers in order,
+    the costs summed in the same order."""
+    if previous is None:
+        return belief
+    known, carried = previous.__dict__, belief.__dict__
+    added = belief.observations[len(previous.observations):]
+    if "answers" in known:
+        carried["answers"] = known["answers"] + tuple(new_answers)
+    if "run_tests" in known:
+        ran = known["run_tests"].copy()
+        ran[[t for t, _ in new_answers]] = True
+        carried["run_tests"] = ran
+    if "cost_spent" in known:
+        inst = belief.instance
+        charged = added if inst.skip_charged else new_answers
+        spent = known["cost_spent"]
+        for t, _ in charged:
+            spent += inst.costs[t]
+        carried["cost_spent"] = float(spent)
+    return belief
 
 
 def _inconsistent_message(inst: CompiledInstance, observations: Sequence[Observation]) -> str:
-    t, k = observations[-1]
+    answered = [(t, k) for t, k in observations if k != SKIPPED]
+    if not answered:
+        return "no hypothesis has a positive prior"
+    t, k = answered[-1]
     return (
         f"observing '{inst.outcome_labels[t][k]}' on test '{inst.test_ids[t]}' contradicts every "
         "remaining hypothesis"
@@ -572,41 +603,40 @@ def _dense_stats(belief: Belief, wanted: frozenset[str], weight: np.ndarray, b: 
     a(i, x, t) = Σ_{h ∈ H_i ∩ V} w(h) A(h, x, t), the classes being runs of rows:
 
     * singleton classes: the weights times A;
-    * short runs (the longest ≤ 1/_PADDED_RUNS of the rows): the rows of A laid out in a table
-      of the runs padded to the longest, each run's sum one small product with its weights (a
-      batched GEMV reading each number once, where a GEMM would multiply it by every class);
+    * short runs (the longest ≤ 1/_PADDED_RUNS of the rows, the padded table ≤ _PADDED_GROWTH
+      times the rows): the rows of A laid out in a table of the runs padded to the longest (kept
+      on the instance for the whole version space), each run's sum one small product with its
+      weights (a batched GEMV reading each number once, where a GEMM would multiply it by every
+      class);
     * else one GEMM of the (classes × rows) matrix of weights with A, or a per-class
       ``np.add.reduceat`` when that GEMM would do more than _DENSE_FLOPS multiplications.
 
     No complements: an empty cell is exactly 0, no round-off to bound."""
     inst = belief.instance
     rows, width, n_tests = len(belief.alive), inst.max_outcomes, inst.n_tests
-    if rows == inst.n_hypotheses:  # every row: views, no copies
+    whole = rows == inst.n_hypotheses
+    if whole:  # every row: views, no copies
         alive, runs = slice(None), inst.class_runs
     else:
         alive = belief.alive
         runs = class_runs(inst.class_index[alive])
-    if inst.outcomes is not None:
-        cells = inst.outcomes[alive]
-        # (rows, ℓ, N): the comparison's inner loop runs along the N tests, not the ℓ outcomes.
-        answers = cells[:, None, :] == np.arange(width, dtype=cells.dtype)[:, None]
-    else:
-        answers = inst.likelihood_by_outcome[alive]
-    if runs.count == rows:
-        a = answers * weight[:, None, None]
-    elif runs.longest * _PADDED_RUNS <= rows:
-        padded = np.zeros((runs.count * runs.longest, width, n_tests))
-        padded[runs.slot] = answers
+    if (runs.count < rows and runs.longest * _PADDED_RUNS <= rows
+            and runs.count * runs.longest <= _PADDED_GROWTH * rows):
         run_weights = np.zeros((runs.count, 1, runs.longest))
         run_weights.reshape(-1)[runs.slot] = weight
-        a = np.matmul(run_weights, padded.reshape(runs.count, runs.longest, -1)).reshape(runs.count, width, n_tests)
-    elif runs.count * answers.size <= _DENSE_FLOPS:
-        class_weights = np.zeros((runs.count, rows))
-        class_weights[runs.run, np.arange(rows)] = weight
-        a = (class_weights @ answers.reshape(rows, -1)).reshape(runs.count, width, n_tests)
+        padded = inst.padded_answers if whole else _padded(_answers(inst, alive), runs)
+        a = np.matmul(run_weights, padded).reshape(runs.count, width, n_tests)
     else:
-        a = np.add.reduceat(answers * weight[:, None, None], np.searchsorted(runs.run, np.arange(runs.count)),
-                            axis=0)
+        answers = _answers(inst, alive)
+        if runs.count == rows:
+            a = answers * weight[:, None, None]
+        elif runs.count * answers.size <= _DENSE_FLOPS:
+            class_weights = np.zeros((runs.count, rows))
+            class_weights[runs.run, np.arange(rows)] = weight
+            a = (class_weights @ answers.reshape(rows, -1)).reshape(runs.count, width, n_tests)
+        else:
+            a = np.add.reduceat(answers * weight[:, None, None], np.searchsorted(runs.run, np.arange(runs.count)),
+                                axis=0)
     # (N, ℓ) views of the (ℓ, N) reductions.
     return OutcomeStats(
         a.sum(axis=0).T, b,
@@ -614,6 +644,23 @@ def _dense_stats(belief: Belief, wanted: frozenset[str], weight: np.ndarray, b: 
         sum_xlogx=xlog2x(a).sum(axis=0).T if "sum_xlogx" in wanted else None,
         max=a.max(axis=0).T if "max" in wanted else None,
     )
+
+
+def _answers(inst: CompiledInstance, alive) -> np.ndarray:
+    """(rows, ℓ, N): P(X_t = x | h) of the ``alive`` rows (one-hot answers, or likelihood rows)."""
+    if inst.outcomes is not None:
+        cells = inst.outcomes[alive]
+        # The comparison's inner loop runs along the N tests, not the ℓ outcomes.
+        return cells[:, None, :] == np.arange(inst.max_outcomes, dtype=cells.dtype)[:, None]
+    return inst.likelihood_by_outcome[alive]
+
+
+def _padded(answers: np.ndarray, runs) -> np.ndarray:
+    """``answers`` in the (runs × longest) table of ``runs``, zeros in the padding: (count,
+    longest, ℓ·N)."""
+    padded = np.zeros((runs.count * runs.longest, *answers.shape[1:]))
+    padded[runs.slot] = answers
+    return padded.reshape(runs.count, runs.longest, -1)
 
 
 def _classes_alpha_split(inst: CompiledInstance, rows_of, weight: np.ndarray, starts: np.ndarray,

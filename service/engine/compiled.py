@@ -28,6 +28,13 @@ LABEL_OVERHEAD_BYTES = 64
 # planes (:attr:`CompiledInstance.outcome_bits`, (ℓ − 1)/8 bytes per cell beside the 1 of the
 # matrix): beyond it the planes would outgrow what they save.
 BIT_PLANE_MAX_OUTCOMES = 4
+# Small beliefs (at most DENSE_CELLS alive numbers: rows × tests × outcomes) build α whole; their
+# classes' sums are products of the rows padded to the longest class when that class holds at
+# most 1/PADDED_RUNS of the rows and the padded table at most PADDED_GROWTH times the rows (many
+# singletons beside one long class would make it rows²/PADDED_RUNS rows long).
+DENSE_CELLS = 1 << 17
+PADDED_RUNS = 16
+PADDED_GROWTH = 4
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,13 +198,42 @@ class CompiledInstance:
         planes.setflags(write=False)
         return planes
 
+    @cached_property
+    def padded_answers(self) -> np.ndarray:
+        """Every row's answers — P(X_t = x | h), one-hot for deterministic instances — laid out in
+        the (runs × longest) table of :attr:`class_runs`, zeros in the padding: (count, longest,
+        ℓ·N) float64, read-only. The dense pass over a whole version space multiplies it by the
+        rows' weights instead of building it again every step. Built on first use;
+        :attr:`derived_nbytes` counts it where that pass uses it."""
+        runs, width = self.class_runs, self.max_outcomes
+        if self.outcomes is not None:
+            answers = self.outcomes[:, None, :] == np.arange(width, dtype=self.outcomes.dtype)[:, None]
+        else:
+            answers = self.likelihood_by_outcome
+        padded = np.zeros((runs.count * runs.longest, width, self.n_tests))
+        padded[runs.slot] = answers
+        padded = padded.reshape(runs.count, runs.longest, width * self.n_tests)
+        padded.setflags(write=False)
+        return padded
+
+    @property
+    def uses_padded_answers(self) -> bool:
+        """Whether the dense pass over the whole version space reads :attr:`padded_answers`."""
+        n, runs = self.n_hypotheses, self.class_runs
+        return (n * self.n_tests * self.max_outcomes <= DENSE_CELLS and runs.count < n
+                and runs.longest * PADDED_RUNS <= n and runs.count * runs.longest <= PADDED_GROWTH * n)
+
     @property
     def derived_nbytes(self) -> int:
         """Bytes of what the engine derives from the instance and keeps on it (:attr:`outcome_bits`,
-        :attr:`packed_outcomes`, :attr:`log_prior`, :attr:`class_runs`, :attr:`arity`), counted
-        whether built yet or not: a cache's budget must hold them from the start."""
+        :attr:`packed_outcomes`, :attr:`padded_answers`, :attr:`log_prior`, :attr:`class_runs`,
+        :attr:`arity`), counted whether built yet or not: a cache's budget must hold them from
+        the start."""
         n, n_tests = self.n_hypotheses, self.n_tests
         derived = 24 * n + 8 * n_tests
+        if self.uses_padded_answers:
+            runs = self.class_runs
+            derived += 8 * runs.count * runs.longest * self.max_outcomes * n_tests
         if self.outcomes is None:
             return derived
         if self.outcomes.dtype == np.uint8 and self.max_outcomes <= 2:
