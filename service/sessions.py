@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -145,7 +144,7 @@ class _StepCache:
             return None if entry is None else entry[:2]
 
     def put(self, key: _StepKey, step: _Step, belief: engine.Belief) -> None:
-        size = _key_bytes(key) + step.nbytes
+        size = _key_bytes(key, belief.instance) + step.nbytes
         held = _belief_bytes(belief)
         if held > self.max_bytes // 8:
             belief, held = None, 0
@@ -188,13 +187,14 @@ class _StepKey(NamedTuple):
     observations: Labelled
 
 
-def _key_bytes(key: _StepKey) -> int:
-    """A step cache key's bytes, from above: its labels are counted in full, though the keys of
-    one session's steps share the labels of their common observations."""
-    labels = sum(map(sys.getsizeof, key.excluded))
-    for test, outcome in key.observations:
-        labels += sys.getsizeof(test) + sys.getsizeof(outcome)  # None's size: counted, never held
-    return KEY_BYTES + OBSERVATION_BYTES * len(key.observations) + labels
+def _key_bytes(key: _StepKey, compiled: engine.CompiledInstance) -> int:
+    """A step cache key's bytes, from above: every label as large as the instance's largest of
+    its kind (a key's labels are the instance's test ids and outcome labels, or equal strings),
+    counted in full though the keys of one session's steps share those of their common
+    observations."""
+    test_bytes, outcome_bytes = compiled.largest_label_bytes
+    return (KEY_BYTES + (OBSERVATION_BYTES + test_bytes + outcome_bytes) * len(key.observations)
+            + test_bytes * len(key.excluded))
 
 
 def _belief_bytes(belief: engine.Belief) -> int:
@@ -540,9 +540,14 @@ class Sessions:
         step = self._steps.get(key)
         if step is None:
             with SELECTION_SECONDS.time():
-                parsed = engine.parse_observations(compiled, observations)
                 previous = self._steps.computed(key._replace(observations=observations[:-1])) if observations else None
-                belief = engine.observe(compiled, parsed, None if previous is None else previous[1])
+                before = None if previous is None else previous[1]
+                if before is None:
+                    parsed = engine.parse_observations(compiled, observations)
+                else:  # its belief's observations are the parse of all but the last
+                    parsed = engine.parse_observations(compiled, observations[-1:], before.observations,
+                                                       len(observations) - 1)
+                belief = engine.observe(compiled, parsed, before)
                 excluded_mask = None
                 if excluded:
                     excluded_mask = np.zeros(compiled.n_tests, dtype=bool)

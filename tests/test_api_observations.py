@@ -355,3 +355,18 @@ def test_a_step_writes_the_history_of_the_step_before_it_once_and_the_same_bytes
         start, end = step.history
         assert orjson.loads(step.fields[start:end]) == expected
         previous = (step, belief)
+
+
+def test_a_step_keys_bytes_bound_its_labels_and_observations_from_above():
+    import sys
+
+    from service.sessions import KEY_BYTES, OBSERVATION_BYTES, _key_bytes
+
+    inst = compile_wire({"tests": [{"id": "t", "outcomes": ["no", "yes"]},
+                                   {"id": "a much longer test id é", "outcomes": ["0", "a long outcome label"]}],
+                         "classes": ["X", "Y"], "matrix": [[0, 0], [1, 1]]})
+    observations = (("t", "yes"), ("a much longer test id é", "a long outcome label"), ("t", None))
+    key = _StepKey("i" * 64, "ec2", engine.StopRules(), None, ("a much longer test id é",), 1, observations)
+    held = (sum(sys.getsizeof(label) for pair in observations for label in pair)
+            + sys.getsizeof("a much longer test id é") + OBSERVATION_BYTES * len(observations) + KEY_BYTES)
+    assert _key_bytes(key, inst) >= held

@@ -613,3 +613,32 @@ def test_streamed_statistics_equal_the_dense_alpha_at_the_default_block_sizes(ki
     assert np.allclose(stats.max, dense["max"], rtol=1e-13, atol=0)
     # b(i) = Σ_x a(i, t, x) for any test t: the class posterior from the dense α built above.
     assert np.allclose(stats.b, a[:, 0, :].sum(axis=1), rtol=1e-12, atol=0)
+
+
+def test_parsing_continued_from_an_earlier_parse_equals_parsing_everything():
+    wire = {"tests": [{"id": "a", "outcomes": ["0", "1"]}, {"id": "b", "outcomes": ["0", "1"], "repeatable": True},
+                      {"id": "c", "outcomes": ["0", "1", "2"]}],
+            "classes": ["X", "Y"],
+            "likelihood_matrix": [[[0.9, 0.1, 0.0], [0.8, 0.2, 0.0], [0.2, 0.3, 0.5]],
+                                  [[0.1, 0.9, 0.0], [0.3, 0.7, 0.0], [0.6, 0.3, 0.1]]]}
+    inst = compile_wire(wire)
+    labels = [("a", "0"), ("a", "1"), ("a", None), ("b", "0"), ("b", "1"), ("b", None), ("c", "2"), ("c", None),
+              ("c", "3"), ("z", "0")]
+    rng = random.Random(3)
+
+    def outcome(labelled, parsed_before=(), start=0):
+        try:
+            return engine.parse_observations(inst, labelled, parsed_before, start)
+        except engine.EngineError as error:
+            return type(error), str(error)
+
+    compared = 0
+    for _ in range(400):
+        labelled = [rng.choice(labels) for _ in range(rng.randrange(1, 7))]
+        for cut in range(len(labelled)):
+            head = outcome(labelled[:cut])
+            if isinstance(head, tuple):
+                continue  # a refused prefix is never continued from
+            assert outcome(labelled[cut:], head, cut) == outcome(labelled), labelled
+            compared += 1
+    assert compared > 500

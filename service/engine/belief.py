@@ -91,17 +91,21 @@ def xlog2x(x: np.ndarray) -> np.ndarray:
     return np.where(positive, x * np.log2(np.where(positive, x, 1.0)), 0.0)
 
 
-def parse_observations(inst: CompiledInstance,
-                       labelled: Iterable[tuple[str, str | None]]) -> list[Observation]:
+def parse_observations(inst: CompiledInstance, labelled: Iterable[tuple[str, str | None]],
+                       parsed_before: Sequence[Observation] = (), start: int = 0) -> list[Observation]:
     """Labels → indices, in order. An outcome of None is a skip, parsed as (t, SKIPPED).
 
     A repeated identical observation counts once, except an answer to a repeatable test, which
-    is a new observation each time. A test cannot be both answered and skipped."""
-    answered: dict[int, int] = {}
-    skipped: set[int] = set()
+    is a new observation each time. A test cannot be both answered and skipped.
+
+    ``parsed_before``: the parse of the ``start`` observations before ``labelled`` (a belief's
+    observations), continued from: the result is the parse of all of them (positions in messages
+    count from the first), without reading the earlier ones' labels again."""
+    answered: dict[int, int] = {t: k for t, k in parsed_before if k != SKIPPED}
+    skipped: set[int] = {t for t, k in parsed_before if k == SKIPPED}
     repeatable = inst.repeatable_tests
-    parsed: list[Observation] = []
-    for position, (test_id, outcome) in enumerate(labelled):
+    parsed: list[Observation] = list(parsed_before)
+    for position, (test_id, outcome) in enumerate(labelled, start):
         t = inst.test_index.get(test_id)
         if t is None:
             raise UnknownTest(f"observation {position}: unknown test '{test_id}'")

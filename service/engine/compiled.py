@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
@@ -148,6 +149,12 @@ class CompiledInstance:
         arity = np.array([len(labels) for labels in self.outcome_labels], dtype=np.intp)
         arity.setflags(write=False)
         return arity
+
+    @cached_property
+    def largest_label_bytes(self) -> tuple[int, int]:
+        """The bytes of the largest test id and of the largest outcome label, as Python strings."""
+        return (max(map(sys.getsizeof, self.test_ids), default=0),
+                max((sys.getsizeof(label) for labels in self.outcome_labels for label in labels), default=0))
 
     @cached_property
     def test_index(self) -> dict[str, int]:

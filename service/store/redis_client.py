@@ -86,6 +86,8 @@ class LazyClient:
         self._factory = factory
         self._client: Client | None = None
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self._owned: list[redis.Redis] = []
 
     def get(self) -> Client:
         client = self._client
@@ -96,7 +98,29 @@ class LazyClient:
                 client = self._client
         return client
 
+    def own(self) -> Client:
+        """This thread's client for single commands: on a single node, a client holding one
+        connection of the shared pool for good, so a command neither takes a connection from the
+        pool (and polls it for stray data) nor gives it back — 6% of an observation's CPU. A
+        failed command drops and reopens that connection as the pool's clients do. A cluster
+        client picks each command's node: the shared one."""
+        client = getattr(self._local, "client", None)
+        if client is None:
+            shared = self.get()
+            if isinstance(shared, redis.RedisCluster):
+                return shared
+            with redis_errors():
+                client = redis.Redis(connection_pool=shared.connection_pool, single_connection_client=True)
+            with self._lock:
+                self._owned.append(client)
+            self._local.client = client
+        return client
+
     def close(self) -> None:
+        with self._lock:
+            owned, self._owned = self._owned, []
+        for client in owned:
+            client.close()  # its connection back to the pool, which the shared client closes
         if self._client is not None:
             self._client.close()
 

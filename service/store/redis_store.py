@@ -399,7 +399,7 @@ class RedisStore(SessionStore):
             if not self._counted("sessions"):
                 # One command, not a pipeline of one: the cluster client would spend a second
                 # round trip on the pipeline.
-                raw = self._redis.get().execute_command(*read)
+                raw = self._redis.own().execute_command(*read)
             else:
                 pipe = self._redis.get().pipeline(transaction=False)
                 pipe.execute_command(*read)
@@ -574,13 +574,14 @@ class RedisStore(SessionStore):
         writes, so it must follow them on the same connection to the key's master: a plain
         pipeline to that node (the cluster client names it), with MULTI/EXEC spelled out.
         """
-        client = (self._bulk if bulk else self._redis).get()
+        lazy = self._bulk if bulk else self._redis
+        client = lazy.get()
         self.round_trips += 1
         if not self.wait_replicas:
             if len(commands) == 1 and not atomic and not bookkeeping:
                 # A pipeline of one would cost the cluster client a second round trip.
                 args, options = _options(commands[0])
-                return [client.execute_command(*args, **options)]
+                return [lazy.own().execute_command(*args, **options)]
             pipe = client.pipeline(transaction=atomic)
             for command in [*commands, *bookkeeping]:
                 args, options = _options(command)
