@@ -652,14 +652,14 @@ def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.De
     writes one history entry, not all of them."""
     belief = decision.belief
     posterior = belief.class_posterior
-    order = np.argsort(-posterior, kind="stable")  # most probable first; ties in instance order
-    order = order[posterior[order] > 0]
+    # Most probable first, ties in instance order; the classes of probability 0 sort last and are left out.
+    order = np.argsort(-posterior, kind="stable")[:np.count_nonzero(posterior)]
     labels, tests, costs = compiled.class_labels, compiled.test_ids, compiled.costs
     next_tests = [{"id": tests[t], "cost": float(costs[t]), "outcomes": list(compiled.outcome_labels[t])}
                   for t in decision.batch]
-    scores = decision.scores
-    scored = np.flatnonzero(~np.isnan(scores))
-    best = scored[np.argsort(-scores[scored], kind="stable")][:EXPLAIN_CANDIDATES].tolist()
+    scores = decision.scores  # NaN: not eligible, sorted last and left out
+    ranked = np.where(np.isnan(scores), np.inf, -scores)
+    best = [t for t in np.argsort(ranked, kind="stable")[:EXPLAIN_CANDIDATES].tolist() if ranked[t] != np.inf]
     head = {
         "policy": policy,
         "step": len(belief.answers),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from service.engine import CompiledInstance
 
@@ -46,8 +46,12 @@ class SessionRecord:
     def with_observations(self, observations: tuple[tuple[str, str | None], ...],
                           expires_at: float | None = None) -> SessionRecord:
         """The next version, with these observations (and this expiry, when given)."""
-        return replace(self, observations=observations, version=self.version + 1,
-                       expires_at=self.expires_at if expires_at is None else expires_at)
+        # A copy of the fields, not dataclasses.replace: that reads the class's fields and runs
+        # __init__ (which checks nothing here) on every observation.
+        record = object.__new__(SessionRecord)
+        record.__dict__.update(self.__dict__, observations=observations, version=self.version + 1,
+                               expires_at=self.expires_at if expires_at is None else expires_at)
+        return record
 
 
 @dataclass(frozen=True)
