@@ -187,6 +187,24 @@ class _StepKey(NamedTuple):
     observations: Labelled
 
 
+# A belief and the step before it (with its belief), as _StepCache.computed gives it.
+_Observed = tuple["engine.Belief", "tuple[_Step, engine.Belief | None] | None"]
+
+
+def _step_key(compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
+              observations: Labelled, excluded: tuple[str, ...], batch_size: int) -> _StepKey:
+    # Sessions that differ in their seed alone share their steps, unless the policy draws from it.
+    seeded = engine.resolve_policy(compiled, policy).seeded
+    return _StepKey(compiled.content_hash, policy, rules, seed if seeded else None, excluded, batch_size, observations)
+
+
+def _session_key(record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> _StepKey:
+    """The key of the step after ``observations`` in ``record``'s session."""
+    rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss)
+    return _step_key(compiled, record.policy, rules, record.seed, observations, record.exclude_tests,
+                     record.batch_size)
+
+
 def _key_bytes(key: _StepKey, compiled: engine.CompiledInstance) -> int:
     """A step cache key's bytes, from above: every label as large as the instance's largest of
     its kind (a key's labels are the instance's test ids and outcome labels, or equal strings),
@@ -355,14 +373,15 @@ class Sessions:
                 return SessionResult(self._state(record, compiled, explain), record.version)
             observations = record.observations
             for observation in fresh:
+                # The step before each new observation (the one before the first was computed when
+                # the record was written) raises InconsistentObservation for an earlier one.
                 state = self._step(record, compiled, observations)
                 if state.done and observation[0] not in self._last_page(record, compiled, observations):
                     raise SessionDone(
                         f"the session stopped ({state.stop_reason}) before '{observation[0]}' was observed; "
                         "start a new session to go on")
                 observations = (*observations, observation)
-                after = self._step(record, compiled, observations)  # raises InconsistentObservation
-            result = self._commit(record, observations, compiled, explain, after)
+            result = self._commit(record, observations, compiled, explain)
             if result is not None:
                 OBSERVATIONS_APPLIED.inc(len(fresh))
             return result
@@ -421,8 +440,7 @@ class Sessions:
                     f"If-Match does not name the session's current version (\"{record.version}\")")
             if unchanged:
                 return SessionResult(self._state(record, compiled, explain), record.version)
-            after = self._step(record, compiled, observations)  # raises InconsistentObservation
-            return self._commit(record, observations, compiled, explain, after)
+            return self._commit(record, observations, compiled, explain)
 
         return self._update(session_id, tenant, attempt)
 
@@ -469,7 +487,8 @@ class Sessions:
         rules = engine.StopRules(request.max_tests, None if request.max_cost is None else float(request.max_cost),
                                  None if request.confidence is None else float(request.confidence),
                                  None if request.max_expected_loss is None else float(request.max_expected_loss))
-        return _wire(self._compute(compiled, policy, rules, request.seed, observations, excluded, request.batch_size),
+        return _wire(self._compute(compiled, _step_key(compiled, policy, rules, request.seed, observations, excluded,
+                                                       request.batch_size)),
                      explain)
 
     # --- the steps ----------------------------------------------------------------------
@@ -526,48 +545,56 @@ class Sessions:
         return set()
 
     def _step(self, record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> _Step:
-        rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss)
-        return self._compute(compiled, record.policy, rules, record.seed, observations, record.exclude_tests,
-                             record.batch_size)
+        """The step after ``observations`` in ``record``'s session."""
+        return self._compute(compiled, _session_key(record, compiled, observations))
 
-    def _compute(self, compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
-                 observations: Labelled, excluded: tuple[str, ...] = (), batch_size: int = 1) -> _Step:
-        resolved = engine.resolve_policy(compiled, policy)
-        # Sessions that differ in their seed alone share their steps, unless the policy draws
-        # from the seed.
-        key = _StepKey(compiled.content_hash, policy, rules, seed if resolved.seeded else None, excluded, batch_size,
-                       observations)
+    def _compute(self, compiled: engine.CompiledInstance, key: _StepKey, observed: _Observed | None = None) -> _Step:
+        """The step ``key`` names (``observed``: its belief, from :meth:`_observe`)."""
         step = self._steps.get(key)
         if step is None:
             with SELECTION_SECONDS.time():
-                previous = self._steps.computed(key._replace(observations=observations[:-1])) if observations else None
-                before = None if previous is None else previous[1]
-                if before is None:
-                    parsed = engine.parse_observations(compiled, observations)
-                else:  # its belief's observations are the parse of all but the last
-                    parsed = engine.parse_observations(compiled, observations[-1:], before.observations,
-                                                       len(observations) - 1)
-                belief = engine.observe(compiled, parsed, before)
+                belief, previous = self._observe(compiled, key) if observed is None else observed
                 excluded_mask = None
-                if excluded:
+                if key.excluded:
                     excluded_mask = np.zeros(compiled.n_tests, dtype=bool)
-                    excluded_mask[[compiled.test_index[t] for t in excluded]] = True
-                decision = engine.decide(belief, resolved, rules, seed, excluded_mask, batch_size)
-            step = _step_of(compiled, policy, decision, previous)
+                    excluded_mask[[compiled.test_index[t] for t in key.excluded]] = True
+                # The key holds the seed whenever the policy draws from it.
+                decision = engine.decide(belief, engine.resolve_policy(compiled, key.policy), key.rules,
+                                         key.seed or 0, excluded_mask, key.batch_size)
+            step = _step_of(compiled, key.policy, decision, previous)
             self._steps.put(key, step, belief)
         return step
 
+    def _observe(self, compiled: engine.CompiledInstance, key: _StepKey) -> _Observed:
+        """The belief after the key's observations, carried forward from the step before when this
+        worker computed it, and that step; raises InconsistentObservation when they leave no
+        hypothesis alive."""
+        observations = key.observations
+        previous = self._steps.computed(key._replace(observations=observations[:-1])) if observations else None
+        before = None if previous is None else previous[1]
+        if before is None:
+            parsed = engine.parse_observations(compiled, observations)
+        else:  # its belief's observations are the parse of all but the last
+            parsed = engine.parse_observations(compiled, observations[-1:], before.observations, len(observations) - 1)
+        return engine.observe(compiled, parsed, before), previous
+
     def _commit(self, record: SessionRecord, observations: Labelled, compiled: engine.CompiledInstance,
-                explain: bool, step: _Step) -> SessionResult | None:
+                explain: bool) -> SessionResult | None:
         """Store ``record`` with these observations (a new version, its TTL slid) unless another
-        writer changed it since it was read: then None, and the caller reads it again. ``step``:
-        the step after these observations."""
+        writer changed it since it was read: then None, and the caller reads it again. Observations
+        that leave no hypothesis alive are refused first (InconsistentObservation); the step after
+        them is computed once they are stored, so an attempt that loses (a record this worker
+        remembered that another has moved on from) costs no step."""
+        key = _session_key(record, compiled, observations)
+        # A step computed already says they are consistent.
+        observed = None if self._steps.get(key) is not None else self._observe(compiled, key)
         updated = record.with_observations(observations, expires_at=self.clock() + self.session_ttl)
         try:
             self.store.update_session(updated, expected_version=record.version)
         except VersionConflict:
             return None
-        return SessionResult(self._state(updated, compiled, explain, step), updated.version)
+        return SessionResult(self._state(updated, compiled, explain, self._compute(compiled, key, observed)),
+                             updated.version)
 
     def _state(self, record: SessionRecord, compiled: engine.CompiledInstance, explain: bool,
                step: _Step | None = None) -> bytes:

@@ -52,7 +52,9 @@ def ec2_gain(stats: OutcomeStats) -> np.ndarray:
 def effecxtive_gain(stats: OutcomeStats) -> np.ndarray:
     """Δ_Eff(t) = Σ_x p(x) Σ_i P(i | x)² − Σ_i b(i)² on class posteriors (Rényi-2 gain)."""
     p = stats.p
-    expected = np.divide(stats.sum_sq, p, out=np.zeros_like(p), where=p > 0).sum(axis=1)
+    # An outcome of probability 0 adds 0 (sum_sq / ∞): exactly what skipping it would, without
+    # a masked division.
+    expected = (stats.sum_sq / np.where(p > 0, p, np.inf)).sum(axis=1)
     return expected - np.dot(stats.b, stats.b)
 
 
