@@ -39,6 +39,7 @@ from gunicorn.workers.gthread import ThreadWorker
 from schemas.api import Problem
 from service.api.encoding import dumps
 from service.api.problems import PROBLEM_MEDIA_TYPE, PROBLEMS, TYPE_PREFIX
+from service.app import warm_up
 from service.settings import load_settings
 
 RECV_BYTES = 1024 * 1024
@@ -302,6 +303,12 @@ class BufferingWorker(ThreadWorker):
         self.buffering: dict[object, _Pending] = {}
         self.buffered_bytes = 0
         super().init_process()  # runs the worker; must come last
+
+    def load_wsgi(self):
+        super().load_wsgi()
+        # On a thread of the pool that serves requests, so the worker boots as fast whether or
+        # not Redis answers, and the pool's first thread is the one the warm-up touched.
+        self.tpool.submit(warm_up, self.wsgi)
 
     # --- buffering in the event loop ----------------------------------------------------------
 

@@ -19,6 +19,7 @@ import orjson
 import pytest
 import redis
 from api_support import TRIAGE
+from conftest import free_port
 
 from tests.builders import compile_wire, section3
 from service import engine
@@ -356,6 +357,25 @@ def test_idempotency_keys_expire_with_sessions(store_env):
 
 def test_ping_answers_when_the_store_is_up(store_env):
     store_env.make().ping()
+
+
+def test_warm_opens_connections_and_changes_nothing_stored(store_env):
+    store = store_env.make()
+    store.warm()
+    store.warm()  # twice: no new connections, no error
+    if store_env.kind != "memory":
+        for pool in (store._redis, store._bulk):
+            nodes = (pool._client.get_primaries() if store_env.kind == "cluster"
+                     else [pool._client])
+            for node in nodes:
+                client = node.redis_connection if store_env.kind == "cluster" else node
+                assert client.connection_pool._created_connections == 1
+        assert store.list_instances() == ([], None)
+        nobody = RedisStore(f"redis://127.0.0.1:{free_port()}/0", session_ttl=60, key_prefix="nobody",
+                            cluster=store_env.kind == "cluster")
+        with pytest.raises(StoreUnavailable):
+            nobody.warm()
+        nobody.close()
 
 
 def test_ping_fails_when_the_store_cannot_answer(store_env, monkeypatch):
