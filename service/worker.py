@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import re
 import selectors
+import threading
 import time
 from functools import partial
 
@@ -306,9 +307,9 @@ class BufferingWorker(ThreadWorker):
 
     def load_wsgi(self):
         super().load_wsgi()
-        # On a thread of the pool that serves requests, so the worker boots as fast whether or
-        # not Redis answers, and the pool's first thread is the one the warm-up touched.
-        self.tpool.submit(warm_up, self.wsgi)
+        # Beside the worker, so it boots as fast whether or not Redis answers; not on the request
+        # pool, whose threads each keep their own malloc arena warm for the requests they serve.
+        threading.Thread(target=warm_up, args=(self.wsgi,), name="edgecut-warm-up", daemon=True).start()
 
     # --- buffering in the event loop ----------------------------------------------------------
 
