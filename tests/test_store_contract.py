@@ -8,13 +8,11 @@ contract tests.
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import threading
 import time
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import orjson
@@ -485,27 +483,14 @@ def test_codec_refuses_corrupt_bytes(corruption, checksummed):
         codec.decode(header, body, expected_hash=inst.content_hash)
 
 
-def test_codec_checks_the_checksum_on_the_stored_header_without_encoding_it_again(monkeypatch):
+def test_codec_decodes_equal_outcome_label_lists_as_one_shared_tuple():
     inst = compiled({**section3(9), "tests": [{"id": f"t{j}", "outcomes": ["0", "1"] if j % 3 else ["no", "yes"]}
                                              for j in range(9)]})
     header, body = codec.encode(inst)
-    encoded: list = []
-    monkeypatch.setattr(codec, "orjson", SimpleNamespace(
-        loads=orjson.loads, JSONDecodeError=orjson.JSONDecodeError,
-        dumps=lambda value: encoded.append(value) or orjson.dumps(value)))
     decoded = codec.decode(header, body, expected_hash=inst.content_hash)
     assert_same_instance(decoded, inst)
-    assert not any(isinstance(value, dict) for value in encoded)  # the header was not written again
-    # Equal outcome lists come back as one shared tuple, equal to what was encoded.
-    assert len({id(labels) for labels in decoded.outcome_labels}) == len(set(inst.outcome_labels))
-    # A header of the same content in another shape is checked as before, by encoding it again.
-    spaced = json.dumps(orjson.loads(header), indent=1).encode()
-    assert_same_instance(codec.decode(spaced, body, expected_hash=inst.content_hash), inst)
-    checksum = orjson.loads(header)["checksum"]
-    other = checksum[:-1] + ("0" if checksum[-1] != "0" else "1")
-    for forged in (header.replace(checksum.encode(), other.encode()), spaced.replace(checksum.encode(), other.encode())):
-        with pytest.raises(codec.CorruptInstance):
-            codec.decode(forged, body, expected_hash=inst.content_hash)
+    assert [id(labels) for labels in decoded.outcome_labels].count(id(decoded.outcome_labels[1])) == 6
+    assert len({id(labels) for labels in decoded.outcome_labels}) == 2
 
 
 def test_codec_decodes_a_header_written_without_a_checksum():
