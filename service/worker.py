@@ -18,6 +18,9 @@ complete, so a thread only ever runs a request whose bytes are all in memory:
   ``Content-Length`` and ``Transfer-Encoding``, a malformed chunk) is answered 400 at once, and
   headers longer than gunicorn's limits allow 431.
 
+Once the app is loaded, a thread of its own opens the store's connections (service/app.py
+``warm_up``), so a new worker's first request does not pay for them; it never fails the worker.
+
 Everything gunicorn itself refuses (a 414 request line, a control character in a header, …) is
 answered in RFC 9457 problem+json like the application's own errors, never gunicorn's HTML page.
 TLS and HTTP/2 connections are served as by gthread.
