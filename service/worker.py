@@ -351,7 +351,7 @@ class BufferingWorker(ThreadWorker):
     def load_wsgi(self):
         super().load_wsgi()
         # Beside the worker, so it boots as fast whether or not Redis answers; not on the request
-        # pool, whose threads each keep their own malloc arena warm for the requests they serve.
+        # pool, whose first thread then serves the first requests as it would without it.
         threading.Thread(target=warm_up, args=(self.wsgi,), name="edgecut-warm-up", daemon=True).start()
 
     # --- buffering in the event loop ----------------------------------------------------------
