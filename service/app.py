@@ -11,13 +11,15 @@ from flask import Flask
 
 from service.sessions import Sessions
 from service.settings import Settings, load_settings
-from service.store import Quotas, SessionStore, create_store
+from service.store import Quotas, SessionStore, StoreUnavailable, create_store
 
 from .api import evaluation, health, instances, observability, security, select, sessions
 from .api.context import EXTENSION, Services
 from .api.encoding import OrjsonProvider
 from .api.problems import register_problems
 from . import ui
+
+log = logging.getLogger(__name__)
 
 
 def quotas_of(settings: Settings) -> Quotas:
@@ -52,3 +54,19 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
         app.register_blueprint(blueprint)
     ui.install(app)  # /ui and /docs, from package files
     return app
+
+
+def warm_up(app: Any) -> None:
+    """Set up before any request what a new worker's first request would otherwise pay for: the
+    store's connections. Never raises (it runs beside the worker, which must boot whether or
+    not Redis answers): an unreachable store is logged and connected to on demand, as before,
+    and /readyz says 503 meanwhile. Anything but an edgecut app is left alone."""
+    services = getattr(app, "extensions", {}).get(EXTENSION)
+    if not isinstance(services, Services):
+        return
+    try:
+        services.store.warm()
+    except StoreUnavailable as error:
+        log.warning("the store did not answer before the first request: %s", error)
+    except Exception:  # a bug here must not cost the worker: its requests connect on their own
+        log.exception("warming up the store failed")

@@ -18,6 +18,9 @@ complete, so a thread only ever runs a request whose bytes are all in memory:
   ``Content-Length`` and ``Transfer-Encoding``, a malformed chunk) is answered 400 at once, and
   headers longer than gunicorn's limits allow 431.
 
+Once the app is loaded, a thread of its own opens the store's connections (service/app.py
+``warm_up``), so a new worker's first request does not pay for them; it never fails the worker.
+
 Everything gunicorn itself refuses (a 414 request line, a control character in a header, …) is
 answered in RFC 9457 problem+json like the application's own errors, never gunicorn's HTML page.
 TLS and HTTP/2 connections are served as by gthread.
@@ -26,12 +29,15 @@ TLS and HTTP/2 connections are served as by gthread.
 from __future__ import annotations
 
 import collections
+import io
 import re
 import selectors
+import threading
 import time
 from functools import partial
 
 from gunicorn.http import errors as http_errors
+from gunicorn.http.body import LengthReader
 from gunicorn.http.unreader import SocketUnreader
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import ThreadWorker
@@ -39,6 +45,7 @@ from gunicorn.workers.gthread import ThreadWorker
 from schemas.api import Problem
 from service.api.encoding import dumps
 from service.api.problems import PROBLEM_MEDIA_TYPE, PROBLEMS, TYPE_PREFIX
+from service.app import warm_up
 from service.settings import load_settings
 
 RECV_BYTES = 1024 * 1024
@@ -92,6 +99,29 @@ class Framing:
             self._buffer = b"".join([self._buffer, *self._tail])
             self._tail = []
         return self._buffer
+
+    def pieces(self) -> list:
+        """Everything received so far, as the buffers it arrived in (not joined), the headers
+        apart from the body: gunicorn's parser then reads the headers alone."""
+        head = [self._buffer]
+        if self._body_start is not None:
+            view = memoryview(self._buffer)
+            head = [view[:self._body_start], view[self._body_start:]]
+        return [*head, *(self._tail or ())]
+
+    def body(self) -> bytes | None:
+        """A complete ``Content-Length`` body, joined once from the pieces it arrived in; None
+        for any other framing (chunked, no length, empty)."""
+        if self._final != self.COMPLETE or self._chunked or not self._content_length:
+            return None
+        parts, skip, wanted = [], self._body_start, self._content_length
+        for piece in self.pieces():
+            view = memoryview(piece)[skip:skip + wanted]
+            skip = max(0, skip - len(piece))
+            if view.nbytes:
+                parts.append(view)
+                wanted -= view.nbytes
+        return b"".join(parts)
 
     @property
     def has_body_pending(self) -> bool:
@@ -252,8 +282,15 @@ class HeldUnreader(SocketUnreader):
             return super().read(size, read_ahead)
         if size is not None and not isinstance(size, int):
             raise TypeError("size parameter must be an int or long.")
-        # No size: the next piece, as a socket read would give one (the parser reads headers so).
-        wanted = RECV_BYTES if size is None or size < 0 else size
+        # No size: the next piece (at most RECV_BYTES), as a socket read would give one; the
+        # parser reads headers so, and they are a piece of their own.
+        if size is None or size < 0:
+            piece = self._held.popleft()
+            if len(piece) > RECV_BYTES:
+                self._held.appendleft(piece[RECV_BYTES:])
+                piece = piece[:RECV_BYTES]
+            return bytes(piece)
+        wanted = size
         pieces = []
         while wanted and self._held:
             piece = self._held.popleft()
@@ -266,6 +303,14 @@ class HeldUnreader(SocketUnreader):
         if wanted and size is not None and size > 0:
             data += super().read(wanted, read_ahead)
         return data
+
+    def skip(self, size: int) -> None:
+        """Drop the next ``size`` held bytes unread (a body handed to the request another way)."""
+        while size and self._held:
+            piece = self._held.popleft()
+            if len(piece) > size:
+                self._held.appendleft(piece[size:])
+            size -= min(size, len(piece))
 
     def take_buffered(self):
         held = b"".join(self._held)
@@ -302,6 +347,12 @@ class BufferingWorker(ThreadWorker):
         self.buffering: dict[object, _Pending] = {}
         self.buffered_bytes = 0
         super().init_process()  # runs the worker; must come last
+
+    def load_wsgi(self):
+        super().load_wsgi()
+        # Beside the worker, so it boots as fast whether or not Redis answers; not on the request
+        # pool, whose first thread then serves the first requests as it would without it.
+        threading.Thread(target=warm_up, args=(self.wsgi,), name="edgecut-warm-up", daemon=True).start()
 
     # --- buffering in the event loop ----------------------------------------------------------
 
@@ -375,9 +426,26 @@ class BufferingWorker(ThreadWorker):
         conn.init()  # the parser (once per connection), reading from the socket
         if not isinstance(conn.parser.unreader, HeldUnreader):
             conn.parser.unreader = HeldUnreader(conn.parser.unreader)
-        conn.parser.unreader.unread(pending.framing.data)  # held as it is, not copied
+        for piece in reversed(pending.framing.pieces()):  # held as they came, not copied
+            conn.parser.unreader.unread(piece)
+        conn.held_body = pending.framing.body()
         conn.data_ready = True
         super().enqueue_req(conn)
+
+    def handle_request(self, req, conn):
+        body, conn.held_body = getattr(conn, "held_body", None), None
+        # The body the event loop holds, handed to the application as the one bytes object it
+        # was joined into: gunicorn's body reader would copy it three times more (the held
+        # pieces, its BytesIO, the BytesIO's value). The same bytes held for the parser are dropped.
+        if (body is not None and req.body is not None and type(req.body.reader) is LengthReader
+                and req.body.reader.length == len(body)):
+            conn.parser.unreader.skip(len(body))
+            req.body = io.BytesIO(body)  # read() of the whole returns ``body`` itself
+        return super().handle_request(req, conn)
+
+    def handle_h2c_upgrade(self, conn, req, settings):
+        conn.held_body = None  # gunicorn reads this body itself, from the parser's copy
+        return super().handle_h2c_upgrade(conn, req, settings)
 
     def _park_end(self, pending: _Pending) -> None:
         if self.buffering.pop(pending.conn, None) is not None:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from api_support import TRIAGE, assert_problem, new_session, observe
 from conftest import free_port
 from service.api.openapi import render
-from service.app import create_app
+from service.api.context import EXTENSION
+from service.app import create_app, warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,6 +34,68 @@ def test_an_unreachable_redis_makes_readyz_503_but_healthz_stays_up(app_config):
     assert int(response.headers["Retry-After"]) >= 1
     posted = client.post("/v1/instances", json=TRIAGE)
     assert_problem(posted, 503, "store-unavailable")
+
+
+def _connections(store) -> list[int]:
+    """Connections each Redis pool of ``store`` has opened (None: the pool's client is not made)."""
+    return [None if pool._client is None else pool._client.connection_pool._created_connections
+            for pool in (store._redis, store._bulk)]
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+def test_warm_up_opens_both_redis_pools_so_a_first_step_connects_nothing(app_config):
+    app = create_app(app_config)
+    store = app.extensions[EXTENSION].store
+    assert _connections(store) == [None, None]
+    warm_up(app)
+    assert _connections(store) == [1, 1]
+    client = app.test_client()
+    instance_id = client.post("/v1/instances", json=TRIAGE).get_json()["instance_id"]
+    store.cache.discard(("public", instance_id))  # a cold worker: the instance comes from Redis
+    assert client.post("/v1/sessions", json={"instance_id": instance_id}).status_code == 201
+    assert _connections(store) == [1, 1]
+
+
+@pytest.mark.parametrize("store_kind", ["redis", "memory"])
+def test_warm_up_with_the_store_unreachable_neither_raises_nor_changes_readiness(app_config, caplog):
+    app = create_app({**app_config, "redis_url": app_config["redis_url"] and f"redis://127.0.0.1:{free_port()}/0"})
+    warm_up(app)  # logs, does not raise
+    warm_up(object())  # not an edgecut app: left alone
+    client = app.test_client()
+    assert client.get("/healthz").status_code == 200
+    if app_config["redis_url"]:
+        assert "did not answer" in caplog.text
+        assert_problem(client.get("/readyz"), 503, "store-unavailable")
+    else:
+        assert client.get("/readyz").status_code == 200
+
+
+@pytest.mark.redis
+def test_a_gunicorn_worker_connects_before_its_first_request_and_boots_without_redis(redis_server):
+    import redis
+
+    from live_server import LiveServer
+
+    prefix = f"warm-{uuid.uuid4().hex[:8]}"
+    direct = redis.Redis.from_url(redis_server.url)
+    before = {c["id"] for c in direct.client_list()}
+    server = LiveServer({"REDIS_URL": redis_server.url, "KEY_PREFIX": prefix}, workers=1, threads=2)
+    server.start()  # answers /healthz, which needs no store
+    try:
+        deadline = time.monotonic() + 10
+        while len(opened := [c for c in direct.client_list() if c["id"] not in before and c["cmd"] == "ping"]) < 2:
+            assert time.monotonic() < deadline, f"the worker opened {opened}"
+            time.sleep(0.05)
+    finally:
+        server.stop()
+        direct.close()
+    unreachable = LiveServer({"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "KEY_PREFIX": prefix}, workers=1)
+    unreachable.start()
+    try:
+        assert requests.get(unreachable.url + "/healthz", timeout=5).status_code == 200
+        assert requests.get(unreachable.url + "/readyz", timeout=5).status_code == 503
+    finally:
+        unreachable.stop()
 
 
 def _sample(text: str, name: str, **labels: str) -> float:

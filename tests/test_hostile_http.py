@@ -72,6 +72,43 @@ def test_framing_fed_byte_by_byte_agrees_with_framing_fed_at_once():
     assert verdicts[-1] == Framing.COMPLETE
 
 
+def test_framing_hands_over_the_headers_apart_and_a_length_body_joined_once():
+    head = HEAD + b"Content-Length: 10\r\n\r\n"
+    raw = head + b"0123456789" + b"GET /healthz HTTP/1.1\r\n\r\n"  # a pipelined request follows
+    for cuts in ([len(head) + 3], [5, len(head) + 1, len(head) + 9], list(range(1, len(raw)))):
+        framing = Framing(max_header_bytes=200, max_body_bytes=100)
+        for start, end in zip([0, *cuts], [*cuts, len(raw)]):
+            framing.feed(raw[start:end])
+            framing.verdict()
+        assert framing.verdict() == Framing.COMPLETE
+        pieces = [bytes(piece) for piece in framing.pieces()]
+        assert b"".join(pieces) == raw and pieces[0] == head
+        assert framing.body() == b"0123456789"
+    chunked = framing_of(HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+    assert chunked.verdict() == Framing.COMPLETE and chunked.body() is None
+    assert framing_of(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").body() is None
+
+
+def test_held_unreader_gives_pieces_as_reads_and_skips_a_body_unread():
+    from gunicorn.http.unreader import SocketUnreader
+
+    from service.worker import HeldUnreader
+
+    ours, theirs = socket.socketpair()
+    try:
+        held = HeldUnreader(SocketUnreader(ours))
+        for piece in reversed([b"HEAD\r\n\r\n", memoryview(b"body-"), b"rest|next"]):
+            held.unread(piece)
+        assert held.read() == b"HEAD\r\n\r\n"  # no size: one piece, as a socket read
+        held.skip(7)  # "body-re"
+        assert held.read(4) == b"st|n"
+        theirs.sendall(b"xt-from-socket")
+        assert held.read(6) == b"extxt-"  # what is held, then the socket
+    finally:
+        ours.close()
+        theirs.close()
+
+
 def test_a_problem_message_is_a_whole_http_response():
     raw = problem_message("request-timeout", "too slow")
     head, _, body = raw.partition(b"\r\n\r\n")
@@ -174,6 +211,33 @@ def _ordinary_round(url: str) -> float:
             slowest = max(slowest, time.monotonic() - started)
             assert observed.status_code == 200, observed.text
     return slowest
+
+
+@pytest.mark.redis
+def test_one_connection_serves_bodies_read_whole_unread_and_chunked_in_turn(live):
+    server, _ = live
+    body = orjson.dumps(TRIAGE)
+    turns = [b"POST /v1/instances HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
+             # Refused before the body is read: none of it may be taken for the next request.
+             b"POST /v1/instances HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+             b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
+             b"POST /v1/instances HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body),
+             b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"]
+    statuses = []
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        answers = sock.makefile("rb")
+        for request in turns:
+            sock.sendall(request)
+            statuses.append(int(answers.readline().split()[1]))
+            length = 0
+            while (line := answers.readline()) != b"\r\n":
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            answers.read(length)
+    assert statuses[0] in (200, 201) and statuses[1:] == [415, 200, 200]
 
 
 @pytest.mark.redis

@@ -19,6 +19,7 @@ import orjson
 import pytest
 import redis
 from api_support import TRIAGE
+from conftest import free_port
 
 from tests.builders import compile_wire, section3
 from service import engine
@@ -358,6 +359,25 @@ def test_ping_answers_when_the_store_is_up(store_env):
     store_env.make().ping()
 
 
+def test_warm_opens_connections_and_changes_nothing_stored(store_env):
+    store = store_env.make()
+    store.warm()
+    store.warm()  # twice: no new connections, no error
+    if store_env.kind != "memory":
+        for pool in (store._redis, store._bulk):
+            nodes = (pool._client.get_primaries() if store_env.kind == "cluster"
+                     else [pool._client])
+            for node in nodes:
+                client = node.redis_connection if store_env.kind == "cluster" else node
+                assert client.connection_pool._created_connections == 1
+        assert store.list_instances() == ([], None)
+        nobody = RedisStore(f"redis://127.0.0.1:{free_port()}/0", session_ttl=60, key_prefix="nobody",
+                            cluster=store_env.kind == "cluster")
+        with pytest.raises(StoreUnavailable):
+            nobody.warm()
+        nobody.close()
+
+
 def test_ping_fails_when_the_store_cannot_answer(store_env, monkeypatch):
     store = store_env.make()
     if store_env.kind != "memory":
@@ -461,6 +481,16 @@ def test_codec_refuses_corrupt_bytes(corruption, checksummed):
     header, body = CORRUPTIONS[corruption](header, body)
     with pytest.raises(codec.CorruptInstance):
         codec.decode(header, body, expected_hash=inst.content_hash)
+
+
+def test_codec_decodes_equal_outcome_label_lists_as_one_shared_tuple():
+    inst = compiled({**section3(9), "tests": [{"id": f"t{j}", "outcomes": ["0", "1"] if j % 3 else ["no", "yes"]}
+                                             for j in range(9)]})
+    header, body = codec.encode(inst)
+    decoded = codec.decode(header, body, expected_hash=inst.content_hash)
+    assert_same_instance(decoded, inst)
+    assert [id(labels) for labels in decoded.outcome_labels].count(id(decoded.outcome_labels[1])) == 6
+    assert len({id(labels) for labels in decoded.outcome_labels}) == 2
 
 
 def test_codec_decodes_a_header_written_without_a_checksum():

@@ -190,3 +190,8 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     def ping(self) -> None:
         """Return if the store answers; raise :class:`StoreUnavailable` otherwise."""
+
+    def warm(self) -> None:
+        """Open now what a request would otherwise open first (connections), so that a new
+        worker's first request does not pay for it; raise :class:`StoreUnavailable` when the
+        store does not answer. Reads and writes nothing."""

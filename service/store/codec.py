@@ -256,7 +256,10 @@ def _label_lists(value) -> tuple[tuple[str, ...], ...]:
         raise TypeError("expected a list of lists of strings")
     if not set(map(type, itertools.chain.from_iterable(value))) <= {str}:
         raise TypeError("expected a list of lists of strings")
-    return tuple(map(tuple, value))
+    # Equal lists share one tuple (a binary instance's 10³ tests all have ("0", "1")): the
+    # tuples made for the others are freed at once, and never count towards a collection.
+    shared: dict[tuple[str, ...], tuple[str, ...]] = {}
+    return tuple(shared.setdefault(labels, labels) for labels in map(tuple, value))
 
 
 def _labels(value) -> tuple[str, ...]:
