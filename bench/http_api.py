@@ -94,8 +94,10 @@ def wait_http(port: int, path: str, timeout: float = 30.0) -> None:
 def start_gunicorn(app: str, env: dict[str, str], workers: int) -> tuple[subprocess.Popen, int]:
     port = free_port()
     process = subprocess.Popen(
+        # Workers are not recycled during the run: a worker restarting in the middle of a round
+        # (service/gunicorn_conf.py: every 20 000 requests or so) would hit one side of it.
         [sys.executable, "-m", "gunicorn", "--config", "python:service.gunicorn_conf", "--bind", f"127.0.0.1:{port}",
-         "--workers", str(workers), app],
+         "--workers", str(workers), "--max-requests", "0", app],
         cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return process, port
 

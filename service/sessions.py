@@ -570,7 +570,7 @@ class Sessions:
         worker computed it, and that step; raises InconsistentObservation when they leave no
         hypothesis alive."""
         observations = key.observations
-        previous = self._steps.computed(key._replace(observations=observations[:-1])) if observations else None
+        previous = self._steps.computed(_StepKey(*key[:-1], observations[:-1])) if observations else None
         before = None if previous is None else previous[1]
         if before is None:
             parsed = engine.parse_observations(compiled, observations)
