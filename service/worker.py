@@ -317,6 +317,11 @@ class HeldUnreader(SocketUnreader):
         self._held.clear()
         return held + super().take_buffered()
 
+    @property
+    def holds_data(self) -> bool:
+        """Bytes received and not read yet (a pipelined request, say)."""
+        return bool(self._held) or bool(self.buf.getvalue())
+
 
 class _Pending:
     __slots__ = ("conn", "framing", "deadline", "announced_continue")
@@ -358,6 +363,20 @@ class BufferingWorker(ThreadWorker):
 
     def _bufferable(self, conn) -> bool:
         return not (self.cfg.is_ssl or conn.is_http2 or negotiation.prior_knowledge_allowed(self.cfg, conn.client))
+
+    def finish_request(self, conn, fs):
+        # gthread serves a kept-alive connection's next request at once when its bytes were
+        # already read with the last one (a pipelining client), but looks for them in its own
+        # unreader's buffer only: the held unreader keeps them elsewhere.
+        try:
+            keep_alive = not fs.cancelled() and fs.result() is True
+        except Exception:
+            keep_alive = False
+        unreader = conn.parser.unreader if keep_alive and conn.parser is not None else None
+        if isinstance(unreader, HeldUnreader) and unreader.holds_data:
+            self.enqueue_req(conn)
+            return
+        super().finish_request(conn, fs)
 
     def enqueue_req(self, conn):
         if not self._bufferable(conn):

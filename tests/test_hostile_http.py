@@ -230,14 +230,36 @@ def test_one_connection_serves_bodies_read_whole_unread_and_chunked_in_turn(live
         answers = sock.makefile("rb")
         for request in turns:
             sock.sendall(request)
-            statuses.append(int(answers.readline().split()[1]))
-            length = 0
-            while (line := answers.readline()) != b"\r\n":
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            answers.read(length)
+            statuses.append(_read_answer(answers))
     assert statuses[0] in (200, 201) and statuses[1:] == [415, 200, 200]
+
+
+def _read_answer(answers) -> int:
+    """One HTTP/1.1 response off the stream (its status), its body read by Content-Length."""
+    status = int(answers.readline().split()[1])
+    length = 0
+    while (line := answers.readline()) != b"\r\n":
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    answers.read(length)
+    return status
+
+
+@pytest.mark.redis
+def test_pipelined_requests_sent_in_one_write_are_each_answered_in_order(live):
+    server, _ = live
+    body = orjson.dumps(TRIAGE)
+    requests_ = [b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                 b"POST /v1/instances HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
+                 b"GET /v1/nothing HTTP/1.1\r\nHost: x\r\n\r\n",
+                 b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"".join(requests_))  # RFC 9112 §9.3.2: answered one by one, in order
+        answers = sock.makefile("rb")
+        statuses = [_read_answer(answers) for _ in requests_]
+    assert statuses[0] == 200 and statuses[1] in (200, 201) and statuses[2:] == [404, 200]
 
 
 @pytest.mark.redis
