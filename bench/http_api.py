@@ -368,6 +368,19 @@ def large_p50(port: int, instance: dict, sessions: int, rng_seed: int = 7) -> di
             "p99_ms": float(np.percentile(lat, 99))}
 
 
+LABELS = {"deterministic": "deterministic (EC²)", "noisy": "noisy (likelihoods, EffECXtive)"}
+
+
+def print_table(results: dict, title: str, columns: list[tuple[str, str, int]]) -> None:
+    """A markdown table of ``results``, a row per instance: ``columns`` are (heading, key, decimals)."""
+    widths = [max(len(heading), 6) for heading, _, _ in columns]
+    print(f"\n| {title:<36} | " + " | ".join(f"{h:>{w}}" for (h, _, _), w in zip(columns, widths)) + " |")
+    print(f"|{'-' * 38}|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for name, r in results.items():
+        print(f"| {LABELS[name]:<36} | " + " | ".join(f"{r[key]:>{w}.{decimals}f}"
+                                                     for (_, key, decimals), w in zip(columns, widths)) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="per run; each round runs the floor and the service")
@@ -410,23 +423,18 @@ def main(argv: list[str] | None = None) -> int:
             r = results[name]
             print(f"{name}: rounds {r['rounds']}", flush=True)
 
-        print(f"\n| {'POST observations, n = 200, N = 50':<36} | {'req/s':>6} | {'floor req/s':>11} | {'× floor':>7} "
-              f"| {'p50 ms':>6} | {'p99 ms':>6} | {'floor p99':>9} | {'p99 × floor':>11} |")
-        print(f"|{'-' * 38}|{'-' * 8}|{'-' * 13}|{'-' * 9}|{'-' * 8}|{'-' * 8}|{'-' * 11}|{'-' * 13}|")
+        print_table(results, "POST observations, n = 200, N = 50",
+                    [("req/s", "rps", 0), ("floor req/s", "floor_rps", 0), ("× floor", "rps_ratio", 2),
+                     ("p50 ms", "p50_ms", 1), ("p99 ms", "p99_ms", 1), ("floor p99", "floor_p99_ms", 1),
+                     ("p99 × floor", "p99_ratio", 2)])
         for name, r in results.items():
-            label = "deterministic (EC²)" if name == "deterministic" else "noisy (likelihoods, EffECXtive)"
-            print(f"| {label:<36} | {r['rps']:>6.0f} | {r['floor_rps']:>11.0f} | {r['rps_ratio']:>7.2f} "
-                  f"| {r['p50_ms']:>6.1f} | {r['p99_ms']:>6.1f} | {r['floor_p99_ms']:>9.1f} | {r['p99_ratio']:>11.2f} |")
             if r["errors"] or r["ran_out_of_sessions"]:
                 print(f"warning: {name}: {r['errors']} errors, {r['ran_out_of_sessions']} connections ran out of sessions")
         print(f"(medians over the rounds; goals: req/s ≥ {RPS_GOAL} × the floor's, p99 ≤ {P99_GOAL} × the floor's)")
-        print(f"\n| {'CPU per request, ms':<36} | {'workers':>7} | {'floor':>7} | {'redis':>7} | {'floor':>7} "
-              f"| {'client':>7} | {'floor':>7} |")
-        print(f"|{'-' * 38}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|")
-        for name, r in results.items():
-            label = "deterministic (EC²)" if name == "deterministic" else "noisy (likelihoods, EffECXtive)"
-            print(f"| {label:<36} | {r['cpu_ms']:>7.3f} | {r['floor_cpu_ms']:>7.3f} | {r['redis_cpu_ms']:>7.3f} "
-                  f"| {r['floor_redis_cpu_ms']:>7.3f} | {r['client_cpu_ms']:>7.3f} | {r['floor_client_cpu_ms']:>7.3f} |")
+        print_table(results, "CPU per request, ms",
+                    [("workers", "cpu_ms", 3), ("floor", "floor_cpu_ms", 3), ("redis", "redis_cpu_ms", 3),
+                     ("floor", "floor_redis_cpu_ms", 3), ("client", "client_cpu_ms", 3),
+                     ("floor", "floor_client_cpu_ms", 3)])
         if args.large:
             large = random_instance(10_000, 1_000, 2, 20, seed=2)
             # Warm each worker's instance cache, then measure.

@@ -285,32 +285,28 @@ class HeldUnreader(SocketUnreader):
         # No size: the next piece (at most RECV_BYTES), as a socket read would give one; the
         # parser reads headers so, and they are a piece of their own.
         if size is None or size < 0:
-            piece = self._held.popleft()
-            if len(piece) > RECV_BYTES:
-                self._held.appendleft(piece[RECV_BYTES:])
-                piece = piece[:RECV_BYTES]
-            return bytes(piece)
-        wanted = size
-        pieces = []
+            return bytes(self._take(RECV_BYTES))
+        wanted, pieces = size, []
         while wanted and self._held:
-            piece = self._held.popleft()
-            if len(piece) > wanted:
-                self._held.appendleft(piece[wanted:])
-                piece = piece[:wanted]
-            pieces.append(piece)
-            wanted -= len(piece)
+            pieces.append(self._take(wanted))
+            wanted -= len(pieces[-1])
         data = b"".join(pieces)
-        if wanted and size is not None and size > 0:
+        if wanted:
             data += super().read(wanted, read_ahead)
         return data
 
     def skip(self, size: int) -> None:
         """Drop the next ``size`` held bytes unread (a body handed to the request another way)."""
         while size and self._held:
-            piece = self._held.popleft()
-            if len(piece) > size:
-                self._held.appendleft(piece[size:])
-            size -= min(size, len(piece))
+            size -= len(self._take(size))
+
+    def _take(self, limit: int) -> memoryview:
+        """At most ``limit`` bytes of the next held piece, the rest of it held back."""
+        piece = self._held.popleft()
+        if len(piece) > limit:
+            self._held.appendleft(piece[limit:])
+            piece = piece[:limit]
+        return piece
 
     def take_buffered(self):
         held = b"".join(self._held)
