@@ -13,7 +13,8 @@ from functools import cache
 
 import numpy as np
 
-from .compiled import DENSE_CELLS, PADDED_GROWTH, PADDED_RUNS, CompiledInstance, class_runs
+from .compiled import (DENSE_CELLS, PADDED_GROWTH, PADDED_RUNS, CompiledInstance, class_runs, padded_by_runs,
+                       pads_runs)
 from .errors import ConflictingObservation, InconsistentObservation, UnknownOutcome, UnknownTest
 from .regions import PowerSums, power_sums, region_sets
 
@@ -624,14 +625,13 @@ def _dense_stats(belief: Belief, wanted: frozenset[str], weight: np.ndarray, b: 
     else:
         alive = belief.alive
         runs = class_runs(inst.class_index[alive])
-    if (runs.count < rows and runs.longest * _PADDED_RUNS <= rows
-            and runs.count * runs.longest <= _PADDED_GROWTH * rows):
+    if pads_runs(rows, runs, _PADDED_RUNS, _PADDED_GROWTH):
         run_weights = np.zeros((runs.count, 1, runs.longest))
         run_weights.reshape(-1)[runs.slot] = weight
-        padded = inst.padded_answers if whole else _padded(_answers(inst, alive), runs)
+        padded = inst.padded_answers if whole else padded_by_runs(inst.outcome_probabilities(alive), runs)
         a = np.matmul(run_weights, padded).reshape(runs.count, width, n_tests)
     else:
-        answers = _answers(inst, alive)
+        answers = inst.outcome_probabilities(alive)
         if runs.count == rows:
             a = answers * weight[:, None, None]
         elif runs.count * answers.size <= _DENSE_FLOPS:
@@ -648,23 +648,6 @@ def _dense_stats(belief: Belief, wanted: frozenset[str], weight: np.ndarray, b: 
         sum_xlogx=xlog2x(a).sum(axis=0).T if "sum_xlogx" in wanted else None,
         max=a.max(axis=0).T if "max" in wanted else None,
     )
-
-
-def _answers(inst: CompiledInstance, alive) -> np.ndarray:
-    """(rows, ℓ, N): P(X_t = x | h) of the ``alive`` rows (one-hot answers, or likelihood rows)."""
-    if inst.outcomes is not None:
-        cells = inst.outcomes[alive]
-        # The comparison's inner loop runs along the N tests, not the ℓ outcomes.
-        return cells[:, None, :] == np.arange(inst.max_outcomes, dtype=cells.dtype)[:, None]
-    return inst.likelihood_by_outcome[alive]
-
-
-def _padded(answers: np.ndarray, runs) -> np.ndarray:
-    """``answers`` in the (runs × longest) table of ``runs``, zeros in the padding: (count,
-    longest, ℓ·N)."""
-    padded = np.zeros((runs.count * runs.longest, *answers.shape[1:]))
-    padded[runs.slot] = answers
-    return padded.reshape(runs.count, runs.longest, -1)
 
 
 def _classes_alpha_split(inst: CompiledInstance, rows_of, weight: np.ndarray, starts: np.ndarray,

@@ -212,23 +212,23 @@ class CompiledInstance:
         ℓ·N) float64, read-only. The dense pass over a whole version space multiplies it by the
         rows' weights instead of building it again every step. Built on first use;
         :attr:`derived_nbytes` counts it where that pass uses it."""
-        runs, width = self.class_runs, self.max_outcomes
-        if self.outcomes is not None:
-            answers = self.outcomes[:, None, :] == np.arange(width, dtype=self.outcomes.dtype)[:, None]
-        else:
-            answers = self.likelihood_by_outcome
-        padded = np.zeros((runs.count * runs.longest, width, self.n_tests))
-        padded[runs.slot] = answers
-        padded = padded.reshape(runs.count, runs.longest, width * self.n_tests)
+        padded = padded_by_runs(self.outcome_probabilities(slice(None)), self.class_runs)
         padded.setflags(write=False)
         return padded
 
     @property
     def uses_padded_answers(self) -> bool:
         """Whether the dense pass over the whole version space reads :attr:`padded_answers`."""
-        n, runs = self.n_hypotheses, self.class_runs
-        return (n * self.n_tests * self.max_outcomes <= DENSE_CELLS and runs.count < n
-                and runs.longest * PADDED_RUNS <= n and runs.count * runs.longest <= PADDED_GROWTH * n)
+        n = self.n_hypotheses
+        return n * self.n_tests * self.max_outcomes <= DENSE_CELLS and pads_runs(n, self.class_runs)
+
+    def outcome_probabilities(self, rows) -> np.ndarray:
+        """(rows, ℓ, N): P(X_t = x | h) of ``rows`` (one-hot answers, or the likelihood rows)."""
+        if self.outcomes is not None:
+            cells = self.outcomes[rows]
+            # The comparison's inner loop runs along the N tests, not the ℓ outcomes.
+            return cells[:, None, :] == np.arange(self.max_outcomes, dtype=cells.dtype)[:, None]
+        return self.likelihood_by_outcome[rows]
 
     @property
     def derived_nbytes(self) -> int:
@@ -318,6 +318,21 @@ def class_runs(classes: np.ndarray) -> ClassRuns:
     place = np.arange(rows) - np.searchsorted(run, np.arange(count))[run]
     longest = int(place.max()) + 1 if rows else 0
     return ClassRuns(run, count, longest, run * longest + place)
+
+
+def pads_runs(rows: int, runs: ClassRuns, padded_runs: float = PADDED_RUNS, growth: float = PADDED_GROWTH) -> bool:
+    """Whether ``rows`` grouped in ``runs`` are summed per class from a table of the runs padded to
+    the longest (see DENSE_CELLS): not singletons, the longest run at most 1/``padded_runs`` of
+    the rows, and the table at most ``growth`` times the rows."""
+    return runs.count < rows and runs.longest * padded_runs <= rows and runs.count * runs.longest <= growth * rows
+
+
+def padded_by_runs(answers: np.ndarray, runs: ClassRuns) -> np.ndarray:
+    """``answers`` (rows, …) laid out in the (runs × longest) table of ``runs``, zeros in the
+    padding: (count, longest, the rest flattened)."""
+    padded = np.zeros((runs.count * runs.longest, *answers.shape[1:]))
+    padded[runs.slot] = answers
+    return padded.reshape(runs.count, runs.longest, -1)
 
 
 def _nonempty_subsets(pattern: np.ndarray) -> np.ndarray:
