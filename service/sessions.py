@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -51,9 +49,10 @@ from service.errors import (
 )
 from service.metrics import OBSERVATIONS_APPLIED, SELECTION_SECONDS, SESSIONS_CREATED
 from service.store import DEFAULT_TENANT, CorruptRecord, SessionRecord, SessionStore, VersionConflict
+from service.store.base import StoredInstance
+from service.store.cache import ByteBoundedLRU
 
 log = logging.getLogger(__name__)
-from service.store.base import StoredInstance
 
 # Compare-and-set attempts before answering 409 concurrent-update. Re-applying is safe: the
 # observations are facts keyed by test, so a retry after losing sees its own work as a no-op.
@@ -109,7 +108,14 @@ class _Step:
         return len(self.fields) + len(self.candidates) + STEP_OBJECT_BYTES + TEST_SLOT_BYTES * len(self.next_tests)
 
 
-class _StepCache:
+@dataclass(frozen=True)
+class _Computed:
+    step: _Step
+    belief: engine.Belief | None  # None when not kept (see _StepCache)
+    nbytes: int
+
+
+class _StepCache(ByteBoundedLRU):
     """A small per-process LRU of computed steps keyed by everything a step depends on
     (instance, policy, stop rules, the seed where the policy draws from it, observations). A POST
     of an observation needs the step before it (is the session done?) and after it; the one
@@ -122,47 +128,22 @@ class _StepCache:
     kept to carry forward (their arrays). A belief over an eighth of the budget is not kept (its
     step is): it would push out many steps to save one pass."""
 
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-        self._entries: OrderedDict[_StepKey, tuple[_Step, engine.Belief | None, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
     def get(self, key: _StepKey) -> _Step | None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            return entry[0]
+        entry = self._lookup(key)
+        return None if entry is None else entry.step
 
     def computed(self, key: _StepKey) -> tuple[_Step, engine.Belief | None] | None:
         """The step and the belief it was computed from (None when not kept), without touching
         the order of eviction."""
-        with self._lock:
-            entry = self._entries.get(key)
-            return None if entry is None else entry[:2]
+        entry = self._peek(key)
+        return None if entry is None else (entry.step, entry.belief)
 
     def put(self, key: _StepKey, step: _Step, belief: engine.Belief) -> None:
         size = _key_bytes(key, belief.instance) + step.nbytes
         held = _belief_bytes(belief)
         if held > self.max_bytes // 8:
             belief, held = None, 0
-        size += held
-        if size > self.max_bytes:
-            return
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self.nbytes -= old[2]
-            self._entries[key] = (step, belief, size)
-            self.nbytes += size
-            while self.nbytes > self.max_bytes:
-                _, (_, _, evicted) = self._entries.popitem(last=False)
-                self.nbytes -= evicted
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        self._keep(key, _Computed(step, belief, size + held))
 
 
 # Estimates from above of CPython's objects (64-bit): a 2-tuple of one observation and its slot
@@ -586,15 +567,16 @@ class Sessions:
         them is computed once they are stored, so an attempt that loses (a record this worker
         remembered that another has moved on from) costs no step."""
         key = _session_key(record, compiled, observations)
-        # A step computed already says they are consistent.
-        observed = None if self._steps.get(key) is not None else self._observe(compiled, key)
+        step = self._steps.get(key)  # computed already: they are consistent
+        observed = None if step is not None else self._observe(compiled, key)
         updated = record.with_observations(observations, expires_at=self.clock() + self.session_ttl)
         try:
             self.store.update_session(updated, expected_version=record.version)
         except VersionConflict:
             return None
-        return SessionResult(self._state(updated, compiled, explain, self._compute(compiled, key, observed)),
-                             updated.version)
+        if step is None:
+            step = self._compute(compiled, key, observed)
+        return SessionResult(self._state(updated, compiled, explain, step), updated.version)
 
     def _state(self, record: SessionRecord, compiled: engine.CompiledInstance, explain: bool,
                step: _Step | None = None) -> bytes:
@@ -702,23 +684,32 @@ def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.De
         "version_space_size": int(belief.alive.size) if compiled.kind == "deterministic" else None,
         **_decision_fields(compiled, belief),
     }
-    observations, written, carried = belief.observations, 0, b"[]"
-    if previous is not None and previous[1] is not None:
-        before = previous[1].observations
-        if observations[:len(before)] == before:
-            written, (start, end) = len(before), previous[0].history
-            carried = previous[0].fields[start:end]
-    history = orjson.dumps([{"test": tests[t], "skipped": True, "cost": float(costs[t]) if compiled.skip_charged else 0.0}
-                            if k == engine.SKIPPED else
-                            {"test": tests[t], "outcome": compiled.outcome_labels[t][k], "cost": float(costs[t])}
-                            for t, k in observations[written:]])
-    if carried != b"[]":
-        history = carried if history == b"[]" else carried[:-1] + b"," + history[1:]
+    history = _history(compiled, belief.observations, previous)
     opening = orjson.dumps(head)[1:-1] + b',"history":'
     fields = opening + history + b"," + orjson.dumps(tail)[1:-1]
     candidates = [{"test": tests[t], "score": float(scores[t]), "cost": float(costs[t])} for t in best]
     return _Step(fields, orjson.dumps(candidates), decision.done, head["stop_reason"],
                  tuple(test["id"] for test in next_tests), (len(opening), len(opening) + len(history)))
+
+
+def _history(compiled: engine.CompiledInstance, observations: tuple[engine.Observation, ...],
+             previous: tuple[_Step, engine.Belief | None] | None) -> bytes:
+    """The history's JSON array: the previous step's, extended by the observations since, when
+    its belief's observations begin these; else written whole."""
+    carried, written = b"[]", 0
+    if previous is not None and previous[1] is not None:
+        before = previous[1].observations
+        if observations[:len(before)] == before:
+            start, end = previous[0].history
+            carried, written = previous[0].fields[start:end], len(before)
+    tests, costs = compiled.test_ids, compiled.costs
+    added = orjson.dumps([{"test": tests[t], "skipped": True, "cost": float(costs[t]) if compiled.skip_charged else 0.0}
+                          if k == engine.SKIPPED else
+                          {"test": tests[t], "outcome": compiled.outcome_labels[t][k], "cost": float(costs[t])}
+                          for t, k in observations[written:]])
+    if carried == b"[]":
+        return added
+    return carried if added == b"[]" else carried[:-1] + b"," + added[1:]
 
 
 def _decision_fields(compiled: engine.CompiledInstance, belief: engine.Belief) -> WireBody:

@@ -1,5 +1,6 @@
-"""Per-process, byte-bounded LRUs: compiled instances (:class:`InstanceCache`) and session
-records as last read or written (:class:`RecordCache`).
+"""Per-process, byte-bounded LRUs (:class:`ByteBoundedLRU`): compiled instances
+(:class:`InstanceCache`) and session records as last read or written (:class:`RecordCache`); the
+session domain keeps its computed steps in one too.
 
 A step needs the whole matrix; downloading and re-hashing it from Redis on every observation
 would dominate the request. Instances are immutable and content-addressed, so a cached copy is
@@ -59,7 +60,7 @@ class CachedInstance:
     nbytes: int = 0  # resident_bytes(instance), counted once
 
 
-class _ByteBoundedLRU:
+class ByteBoundedLRU:
     """An LRU of entries that carry their own ``nbytes``, evicting the least recently used until
     the sum fits ``max_bytes``; an entry bigger than the whole budget is not kept."""
 
@@ -78,6 +79,11 @@ class _ByteBoundedLRU:
             if entry is not None:
                 self._entries.move_to_end(key)
             return entry
+
+    def _peek(self, key):
+        """The entry, leaving the order of eviction as it is."""
+        with self._lock:
+            return self._entries.get(key)
 
     def _keep(self, key, entry) -> bool:
         with self._lock:
@@ -111,7 +117,7 @@ class _ByteBoundedLRU:
         return key in self._entries
 
 
-class InstanceCache(_ByteBoundedLRU):
+class InstanceCache(ByteBoundedLRU):
     def __init__(self, max_bytes: int):
         super().__init__(max_bytes)
         self.hits = self.misses = 0
@@ -146,7 +152,7 @@ class RememberedRecord:
     nbytes: int = 0
 
 
-class RecordCache(_ByteBoundedLRU):
+class RecordCache(ByteBoundedLRU):
     """A per-process, byte-bounded LRU of session records as this process last read or wrote
     them: the record and the exact bytes stored for it. A write that starts from a remembered
     record needs no read first; the compare-and-set then checks those bytes against what is
