@@ -511,7 +511,12 @@ class RedisStore(SessionStore):
 
     def _slide_quota(self, pipe, counted: str, member: str, tenant: str, ttl_ms: int) -> None:
         if self._counted(counted):
-            pipe.zadd(self.quota_key(counted, tenant), {member: _now_ms() + ttl_ms}, xx=True, gt=True)
+            pipe.execute_command(*self._quota_slide(counted, member, tenant, ttl_ms))
+
+    def _quota_slide(self, counted: str, member: str, tenant: str, ttl_ms: int) -> tuple:
+        """The command that slides ``member``'s quota entry to now + ``ttl_ms``: only an entry that
+        exists, and never back (another worker may have slid it further)."""
+        return ("ZADD", self.quota_key(counted, tenant), "XX", "GT", _now_ms() + ttl_ms, member)
 
     def _forget_instance(self, instance_id: str, tenant: str) -> None:
         if not self._counted("instances"):
@@ -566,8 +571,7 @@ class RedisStore(SessionStore):
         args = (str(expected_version), str(record.version), raw, self._session_ttl_ms, started_from)
         bookkeeping = []
         if slide_quota:
-            bookkeeping.append(("ZADD", self.quota_key("sessions", record.tenant), "XX", "GT",
-                                _now_ms() + self._session_quota_ms, record.session_id))
+            bookkeeping.append(self._quota_slide("sessions", record.session_id, record.tenant, self._session_quota_ms))
         with self._guard():
             # EVAL with the text, not EVALSHA: Redis caches the compiled script by its hash anyway,
             # and a master just promoted or restarted then never answers NOSCRIPT mid-pipeline.
