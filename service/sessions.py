@@ -143,7 +143,8 @@ class _StepCache(ByteBoundedLRU):
         held = _belief_bytes(belief)
         if held > self.max_bytes // 8:
             belief, held = None, 0
-        self._keep(key, _Computed(step, belief, size + held))
+        if size + held <= self.max_bytes:  # else nothing changes, not even an entry of this key
+            self._keep(key, _Computed(step, belief, size + held))
 
 
 # Estimates from above of CPython's objects (64-bit): a 2-tuple of one observation and its slot
