@@ -46,6 +46,7 @@ from schemas.api import Problem
 from service.api.encoding import dumps
 from service.api.problems import PROBLEM_MEDIA_TYPE, PROBLEMS, TYPE_PREFIX
 from service.app import warm_up
+from service.heap import reserve_heap
 from service.settings import load_settings
 
 RECV_BYTES = 1024 * 1024
@@ -347,6 +348,7 @@ class BufferingWorker(ThreadWorker):
         # Insertion order is deadline order (every request gets the same timeout).
         self.buffering: dict[object, _Pending] = {}
         self.buffered_bytes = 0
+        reserve_heap(settings.worker_heap_reserve_bytes)  # before any thread starts
         super().init_process()  # runs the worker; must come last
 
     def load_wsgi(self):
