@@ -172,6 +172,27 @@ def test_both_forms_compile_to_the_same_arrays_and_hash():
     assert compile_payload(changed).content_hash != cols.content_hash
 
 
+def test_the_hash_of_binary_answers_sees_every_cell():
+    # Answers of two outcomes are hashed as packed bits (rows padded to whole bytes): every cell
+    # must still count, the padding must not, and equal answers must hash equal.
+    rng = np.random.default_rng(11)
+    matrix = rng.integers(0, 2, size=(6, 11))  # 11 columns: 5 padding bits per row
+    payload = {"tests": [{"id": f"t{j}", "outcomes": ["no", "yes"]} for j in range(11)],
+               "classes": ["a", "b", "a", "c", "b", "c"]}
+    base = compile_payload({**payload, "matrix": matrix.tolist()})
+    assert base.packed_outcomes is not None
+    assert compile_payload({**payload, "matrix": matrix.tolist()}).content_hash == base.content_hash
+    hashes = {base.content_hash}
+    for i, j in itertools.product(range(6), range(11)):
+        flipped = matrix.copy()
+        flipped[i, j] ^= 1
+        hashes.add(compile_payload({**payload, "matrix": flipped.tolist()}).content_hash)
+    assert len(hashes) == 1 + 6 * 11
+    # The same cells with a third outcome the answers never use: stored unpacked, another id.
+    wider = {**payload, "tests": [{"id": f"t{j}", "outcomes": ["no", "yes", "maybe"]} for j in range(11)]}
+    assert compile_payload({**wider, "matrix": matrix.tolist()}).content_hash not in hashes
+
+
 def test_both_likelihood_forms_compile_to_the_same_tensor_and_hash():
     rows = {
         "tests": [{"id": "ecg", "outcomes": ["0", "1"]}, {"id": "trop", "outcomes": ["0", "1"]}],
