@@ -7,11 +7,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 from flask import Flask
+
+from schemas.arrays import encode
+from schemas.instance import Instance
 
 from service.sessions import Sessions
 from service.settings import Settings, load_settings
-from service.store import Quotas, SessionStore, StoreUnavailable, create_store
+from service import engine
+from service.store import Quotas, SessionStore, StoreUnavailable, codec, create_store
+from service.store.cache import resident_bytes
 
 from .api import evaluation, health, instances, observability, security, select, sessions
 from .api.context import EXTENSION, Services
@@ -70,3 +76,39 @@ def warm_up(app: Any) -> None:
         log.warning("the store did not answer before the first request: %s", error)
     except Exception:  # a bug here must not cost the worker: its requests connect on their own
         log.exception("warming up the store failed")
+
+
+def rehearse() -> None:
+    """Once, before a new worker's first request: two small made-up instances (one deterministic,
+    big enough for the engine's streamed pass; one of likelihoods) validated, compiled, through
+    the Redis codec, and a step and an observation on each, each with its default policy. A
+    worker's memory is mostly its master's, shared copy-on-write until written, and the first
+    run of each function writes to it (reference counts, the interpreter's specialised bytecode):
+    a fresh worker's first step on a 10⁴ × 10³ instance took ~500 page faults more without a
+    rehearsal (docs/scaling.md). Nothing is stored or counted. Never raises: a failure is logged
+    and the first requests run unrehearsed, as they would have."""
+    try:
+        for payload in _rehearsal_instances():
+            compiled = engine.compile_instance(Instance.model_validate(payload))
+            decoded = codec.decode(*codec.encode(compiled), compiled.content_hash)
+            resident_bytes(decoded)
+            policy = engine.resolve_policy(decoded, None)
+            belief = engine.observe(decoded, engine.parse_observations(decoded, []))
+            decision = engine.decide(belief, policy)
+            if decision.next_test is not None:
+                test = decision.next_test
+                answered = [(decoded.test_ids[test], decoded.outcome_labels[test][0])]
+                engine.decide(engine.observe(decoded, engine.parse_observations(decoded, answered), belief), policy)
+    except Exception:
+        log.exception("the worker's rehearsal failed; its first requests run unrehearsed")
+
+
+def _rehearsal_instances() -> list[dict]:
+    rng = np.random.default_rng(0)
+    n, n_tests = 2048, 64  # 2¹⁸ answers: past the engine's dense pass
+    tests = [{"id": f"t{j}", "outcomes": ["0", "1"]} for j in range(n_tests)]
+    deterministic = {"tests": tests, "classes": [f"c{i % 8}" for i in range(n)],
+                     "matrix": encode(rng.integers(0, 2, size=(n, n_tests), dtype=np.uint8))}
+    likelihoods = {"tests": tests[:16], "classes": [f"c{i % 4}" for i in range(32)],
+                   "likelihood_matrix": encode(rng.dirichlet(np.ones(2), size=(32, 16)))}
+    return [deterministic, likelihoods]

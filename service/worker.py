@@ -45,7 +45,7 @@ from gunicorn.workers.gthread import ThreadWorker
 from schemas.api import Problem
 from service.api.encoding import dumps
 from service.api.problems import PROBLEM_MEDIA_TYPE, PROBLEMS, TYPE_PREFIX
-from service.app import warm_up
+from service.app import rehearse, warm_up
 from service.heap import reserve_heap
 from service.settings import load_settings
 
@@ -353,6 +353,7 @@ class BufferingWorker(ThreadWorker):
 
     def load_wsgi(self):
         super().load_wsgi()
+        rehearse()  # before the worker serves: a request arriving meanwhile would compete with it
         # Beside the worker, so it boots as fast whether or not Redis answers; not on the request
         # pool, whose first thread then serves the first requests as it would without it.
         threading.Thread(target=warm_up, args=(self.wsgi,), name="edgecut-warm-up", daemon=True).start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -14,7 +15,7 @@ from api_support import TRIAGE, assert_problem, new_session, observe
 from conftest import free_port
 from service.api.openapi import render
 from service.api.context import EXTENSION
-from service.app import create_app, warm_up
+from service.app import create_app, rehearse, warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,6 +69,33 @@ def test_warm_up_with_the_store_unreachable_neither_raises_nor_changes_readiness
         assert_problem(client.get("/readyz"), 503, "store-unavailable")
     else:
         assert client.get("/readyz").status_code == 200
+
+
+def test_rehearse_runs_the_engines_streamed_and_likelihood_passes_and_counts_nothing(monkeypatch, caplog):
+    from prometheus_client import REGISTRY
+
+    from service.engine import belief
+
+    ran = []
+    for name in ("_classes_alpha", "_dense_stats"):
+        real = getattr(belief, name)
+        monkeypatch.setattr(belief, name, lambda *a, _real=real, _name=name, **k: ran.append(_name) or _real(*a, **k))
+    counted = ("edgecut_sessions_created_total", "edgecut_observations_applied_total",
+               "edgecut_selection_duration_seconds_count")
+    before = [REGISTRY.get_sample_value(name) for name in counted]
+    assert None not in before
+    rehearse()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert {"_classes_alpha", "_dense_stats"} <= set(ran)  # what a big instance's first step runs, and a small one's
+    assert [REGISTRY.get_sample_value(name) for name in counted] == before
+
+
+def test_a_failing_rehearsal_is_logged_and_the_worker_goes_on(monkeypatch, caplog):
+    import service.app
+
+    monkeypatch.setattr(service.app, "_rehearsal_instances", lambda: [{"tests": []}])
+    rehearse()  # does not raise
+    assert "rehearsal failed" in caplog.text
 
 
 @pytest.mark.redis
