@@ -1,6 +1,7 @@
 """Posting big instances: ``python3 -m bench.big_instances [--rounds 5] [--hypotheses 10000] [--tests 1000]``.
 
-Starts a fresh ``redis-server`` and the service under gunicorn (1 gthread worker) on loopback,
+Starts a fresh ``redis-server`` and the service under gunicorn (the project's configuration,
+service/gunicorn_conf.py, with 1 gthread worker of 4 threads) on loopback,
 then, round after round (each round a new random binary instance, so every POST is a 201):
 
 * **compact**: ``POST /v1/instances`` with ``matrix`` in the compact base64 form (uint8), against
@@ -41,6 +42,9 @@ from conftest import RedisServer  # noqa: E402  (the test suite's launchers)
 from live_server import LiveServer  # noqa: E402
 
 from schemas.arrays import encode  # noqa: E402
+
+# The service as `edgecut serve` runs it (BLAS threads, garbage collector, metrics), one worker.
+CONFIG = "python:service.gunicorn_conf"
 
 
 def instance(rng: np.random.Generator, n: int, n_tests: int, compact: bool) -> tuple[dict, np.ndarray]:
@@ -90,7 +94,7 @@ def main() -> None:
     redis_server = RedisServer(workdir)
     redis_server.start()
     env = {"REDIS_URL": redis_server.url, "KEY_PREFIX": "bench-big", "LOG_LEVEL": "WARNING"}
-    server = LiveServer(env, workers=1, threads=4, log=workdir / "gunicorn.log")
+    server = LiveServer(env, workers=1, threads=4, log=workdir / "gunicorn.log", config=CONFIG)
     server.start()
     direct = redis.Redis.from_url(redis_server.url)
     times: dict[str, list[float]] = {name: [] for name in ("compact", "bare compact", "lists", "bare lists",
@@ -117,7 +121,7 @@ def main() -> None:
         server.stop()
 
         for round_no in range(args.rounds):
-            fresh = LiveServer(env, workers=1, threads=4, log=workdir / "gunicorn.log")
+            fresh = LiveServer(env, workers=1, threads=4, log=workdir / "gunicorn.log", config=CONFIG)
             fresh.start()
             try:
                 request = {"instance_id": stored[round_no % len(stored)]}

@@ -22,9 +22,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 class LiveServer:
     def __init__(self, env: dict[str, str], workers: int = 2, threads: int = 4, log: Path | None = None,
-                 worker_class: str = "service.worker.BufferingWorker"):
+                 worker_class: str = "service.worker.BufferingWorker", config: str | None = None):
         self.port = free_port()
         self.worker_class = worker_class
+        self.config = config  # a gunicorn --config (the project's: "python:service.gunicorn_conf")
         self.workers = workers
         self.threads = threads
         self.env = {**os.environ, **env, "PYTHONPATH": str(REPO)}
@@ -36,7 +37,8 @@ class LiveServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> None:
-        argv = [sys.executable, "-m", "gunicorn", "--workers", str(self.workers), "--worker-class", self.worker_class,
+        argv = [sys.executable, "-m", "gunicorn", *(("--config", self.config) if self.config else ()),
+                "--workers", str(self.workers), "--worker-class", self.worker_class,
                 "--threads", str(self.threads), "--bind", f"127.0.0.1:{self.port}", "--timeout", "30",
                 "--graceful-timeout", "3", "--log-level", "warning", "service.app:create_app()"]
         with open(self.log, "ab") as log:
