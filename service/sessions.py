@@ -92,11 +92,12 @@ def instance_summary(inst: engine.CompiledInstance) -> InstanceSummary:
 class _Step:
     """One computed step, kept as the JSON every response that shows it carries: StepState's
     fields but ``candidates`` (``fields``: the object's members without its braces, so a session's
-    own members go around them without parsing or dumping the step again) and the candidates
-    (sent with ?explain=true); and what the domain itself reads of it."""
+    own members go around them without parsing or dumping the step again), the tests' scores the
+    candidates are written from when asked for (?explain=true: rarely, so not every step), and
+    what the domain itself reads of it."""
 
     fields: bytes
-    candidates: bytes
+    scores: np.ndarray
     done: bool
     stop_reason: str | None
     next_tests: tuple[str, ...]  # ids of the tests proposed
@@ -105,7 +106,7 @@ class _Step:
     @property
     def nbytes(self) -> int:
         """What it holds, from above: its JSON, its test ids, the objects around them."""
-        return len(self.fields) + len(self.candidates) + STEP_OBJECT_BYTES + TEST_SLOT_BYTES * len(self.next_tests)
+        return len(self.fields) + self.scores.nbytes + STEP_OBJECT_BYTES + TEST_SLOT_BYTES * len(self.next_tests)
 
 
 @dataclass(frozen=True)
@@ -471,7 +472,7 @@ class Sessions:
                                  None if request.max_expected_loss is None else float(request.max_expected_loss))
         return _wire(self._compute(compiled, _step_key(compiled, policy, rules, request.seed, observations, excluded,
                                                        request.batch_size)),
-                     explain)
+                     compiled, explain)
 
     # --- the steps ----------------------------------------------------------------------
 
@@ -585,7 +586,7 @@ class Sessions:
         the caller has it), when it expires."""
         if step is None:
             step = self._step(record, compiled, record.observations)
-        return (b'{"session_id":' + orjson.dumps(record.session_id) + b"," + _members(step, explain)
+        return (b'{"session_id":' + orjson.dumps(record.session_id) + b"," + _members(step, compiled, explain)
                 + b',"expires_at":' + orjson.dumps(_rfc3339(record.expires_at)) + b"}")
 
 
@@ -645,14 +646,23 @@ def _rfc3339(unix_seconds: float) -> str:
 _last_rfc3339: tuple[int, str] = (-1, "")
 
 
-def _members(step: _Step, explain: bool) -> bytes:
+def _members(step: _Step, compiled: engine.CompiledInstance, explain: bool) -> bytes:
     """StepState's members as JSON, with the candidates only when asked for."""
-    return step.fields + b',"candidates":' + step.candidates if explain else step.fields
+    return step.fields + b',"candidates":' + _candidates(compiled, step.scores) if explain else step.fields
 
 
-def _wire(step: _Step, explain: bool) -> bytes:
+def _wire(step: _Step, compiled: engine.CompiledInstance, explain: bool) -> bytes:
     """StepState's wire form, as JSON."""
-    return b"{" + _members(step, explain) + b"}"
+    return b"{" + _members(step, compiled, explain) + b"}"
+
+
+def _candidates(compiled: engine.CompiledInstance, scores: np.ndarray) -> bytes:
+    """The best EXPLAIN_CANDIDATES tests by score (NaN: not eligible, left out), ties in instance
+    order, as JSON."""
+    ranked = np.where(np.isnan(scores), np.inf, -scores)
+    best = [t for t in np.argsort(ranked, kind="stable")[:EXPLAIN_CANDIDATES].tolist() if ranked[t] != np.inf]
+    tests, costs = compiled.test_ids, compiled.costs
+    return orjson.dumps([{"test": tests[t], "score": float(scores[t]), "cost": float(costs[t])} for t in best])
 
 
 def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.Decision,
@@ -667,9 +677,6 @@ def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.De
     labels, tests, costs = compiled.class_labels, compiled.test_ids, compiled.costs
     next_tests = [{"id": tests[t], "cost": float(costs[t]), "outcomes": list(compiled.outcome_labels[t])}
                   for t in decision.batch]
-    scores = decision.scores  # NaN: not eligible, sorted last and left out
-    ranked = np.where(np.isnan(scores), np.inf, -scores)
-    best = [t for t in np.argsort(ranked, kind="stable")[:EXPLAIN_CANDIDATES].tolist() if ranked[t] != np.inf]
     head = {
         "policy": policy,
         "step": len(belief.answers),
@@ -688,8 +695,7 @@ def _step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.De
     history = _history(compiled, belief.observations, previous)
     opening = orjson.dumps(head)[1:-1] + b',"history":'
     fields = opening + history + b"," + orjson.dumps(tail)[1:-1]
-    candidates = [{"test": tests[t], "score": float(scores[t]), "cost": float(costs[t])} for t in best]
-    return _Step(fields, orjson.dumps(candidates), decision.done, head["stop_reason"],
+    return _Step(fields, decision.scores, decision.done, head["stop_reason"],
                  tuple(test["id"] for test in next_tests), (len(opening), len(opening) + len(history)))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
 import pytest
 
 from api_support import NOISY, QUAD, TRIAGE, Delegating, assert_problem, new_session, observe, stored
@@ -309,7 +310,7 @@ def test_a_belief_over_an_eighth_of_the_step_cache_is_not_kept_but_its_step_is()
     held = _belief_bytes(belief)
     assert held >= 8 * n  # its arrays over the alive rows
     key = _StepKey("i" * 64, "ec2", engine.StopRules(), None, (), 1, ())
-    step = _Step(b'"done":false', b"[]", False, None, ())
+    step = _Step(b'"done":false', np.full(1, np.nan), False, None, ())
     for budget, kept in ((8 * held - 8, False), (100 * held, True)):
         cache = _StepCache(max_bytes=budget)
         cache.put(key, step, belief)
