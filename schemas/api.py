@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, model_validator
 
-from .instance import Instance, Label
+from .instance import Instance, Label, Labels
 
 InstanceId = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the compiled content")]
 MAX_OBSERVATIONS_PER_REQUEST = 10_000
@@ -139,7 +139,7 @@ class StepConfig(_Request):
     # Decision instances with losses: decided once the least expected loss is at most this.
     max_expected_loss: MaxExpectedLoss | None = None
     # Tests that cannot be run here (a clinic without the machine): never proposed.
-    exclude_tests: list[Label] = Field(default_factory=list, max_length=MAX_EXCLUDED_TESTS)
+    exclude_tests: Labels = Field(default_factory=list, max_length=MAX_EXCLUDED_TESTS)
     # Tests proposed together (a page of questions): ``next_tests`` holds up to this many.
     batch_size: Annotated[StrictInt, Field(ge=1, le=MAX_BATCH_SIZE)] = 1
 

@@ -231,6 +231,14 @@ def test_integer_labels_are_accepted_as_decimal_strings():
     # Booleans are not integers to a user.
     with pytest.raises(ValidationError):
         Instance.model_validate({"tests": [{"id": True}], "hypotheses": [{"id": "x", "outcomes": {"True": "a"}}]})
+    # The lists of labels of the columnar form, too: integers become strings, a boolean is named.
+    columnar = {"tests": [{"id": "t", "outcomes": [0, 1]}], "classes": [5, "b", 5], "hypothesis_ids": [10, 11, 12],
+                "matrix": [[0], [1], [1]]}
+    inst = compile_payload(columnar)
+    assert inst.class_labels == ("5", "b") and set(inst.hypothesis_ids) == {"10", "11", "12"}
+    with pytest.raises(ValidationError) as refused:
+        Instance.model_validate({**columnar, "classes": [5, True, "b"]})
+    assert [error["loc"] for error in refused.value.errors()] == [("classes", 1)]
 
 
 def test_defaults_class_is_the_id_prior_uniform_cost_1_outcomes_sorted():
