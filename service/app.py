@@ -64,9 +64,10 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
 
 def warm_up(app: Any) -> None:
     """Set up before any request what a new worker's first request would otherwise pay for: the
-    store's connections. Never raises (it runs beside the worker, which must boot whether or
-    not Redis answers): an unreachable store is logged and connected to on demand, as before,
-    and /readyz says 503 meanwhile. Anything but an edgecut app is left alone."""
+    store's connections. Never raises (it runs on a thread the worker waits for only briefly,
+    and the worker must boot whether or not Redis answers): an unreachable store is logged and
+    connected to on demand, as before, and /readyz says 503 meanwhile. Anything but an edgecut
+    app is left alone."""
     services = getattr(app, "extensions", {}).get(EXTENSION)
     if not isinstance(services, Services):
         return
