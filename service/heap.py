@@ -53,7 +53,7 @@ def reserve_heap(nbytes: int) -> bool:
     settings = ((_M_ARENA_MAX, 1),  # one heap for every thread: the one faulted in below
                 (_M_MMAP_THRESHOLD, size),  # blocks below this come from the heap and go back to it
                 (_M_TOP_PAD, size),  # a trim keeps this much of the heap's free top
-                (_M_TRIM_THRESHOLD, 2 * size if size < 2**30 else 2**31 - 1))
+                (_M_TRIM_THRESHOLD, min(2 * size, 2**31 - 1)))
     if not all(libc.mallopt(parameter, value) == 1 for parameter, value in settings):
         log.warning("heap reserve skipped: malloc refused its settings")
         return False

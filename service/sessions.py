@@ -532,8 +532,9 @@ class Sessions:
         return self._compute(compiled, _session_key(record, compiled, observations))
 
     def _compute(self, compiled: engine.CompiledInstance, key: _StepKey, observed: _Observed | None = None) -> _Step:
-        """The step ``key`` names (``observed``: its belief, from :meth:`_observe`)."""
-        step = self._steps.get(key)
+        """The step ``key`` names (``observed``: its belief, from :meth:`_observe`, given by a caller
+        that found no step under ``key``)."""
+        step = self._steps.get(key) if observed is None else None
         if step is None:
             with SELECTION_SECONDS.time():
                 belief, previous = self._observe(compiled, key) if observed is None else observed

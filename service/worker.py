@@ -18,8 +18,10 @@ complete, so a thread only ever runs a request whose bytes are all in memory:
   ``Content-Length`` and ``Transfer-Encoding``, a malformed chunk) is answered 400 at once, and
   headers longer than gunicorn's limits allow 431.
 
-Once the app is loaded, a thread of its own opens the store's connections (service/app.py
-``warm_up``), so a new worker's first request does not pay for them; it never fails the worker.
+A new worker keeps a heap faulted in (service/heap.py), rehearses the engine once and waits
+briefly for a thread of its own to open the store's connections (service/app.py ``rehearse``,
+``warm_up``) before serving, so its first request pays for none of them; none of it can fail
+the worker.
 
 Everything gunicorn itself refuses (a 414 request line, a control character in a header, …) is
 answered in RFC 9457 problem+json like the application's own errors, never gunicorn's HTML page.
@@ -116,10 +118,9 @@ class Framing:
         for any other framing (chunked, no length, empty)."""
         if self._final != self.COMPLETE or self._chunked or not self._content_length:
             return None
-        parts, skip, wanted = [], self._body_start, self._content_length
-        for piece in self.pieces():
-            view = memoryview(piece)[skip:skip + wanted]
-            skip = max(0, skip - len(piece))
+        parts, wanted = [], self._content_length
+        for piece in self.pieces()[1:]:  # after the headers: the body, then what came after it
+            view = memoryview(piece)[:wanted]
             if view.nbytes:
                 parts.append(view)
                 wanted -= view.nbytes

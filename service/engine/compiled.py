@@ -275,12 +275,12 @@ class CompiledInstance:
             put("\x1f".join(labels).encode())
         # Answers of at most two outcomes per test are hashed as the bits they are stored as: an
         # eighth of the bytes (a tenth of a big instance's compile time went to sha256).
-        outcomes = self.outcomes if self.packed_outcomes is None else self.packed_outcomes
+        packed = self.packed_outcomes
+        outcomes = self.outcomes if packed is None else packed
         for array in (self.costs, self.class_index.astype("<i8"), self.prior, outcomes, self.likelihood):
             if array is not None:
                 dtype = array.dtype.newbyteorder("<")
-                kind = f"bits{self.outcomes.shape}" if array is self.packed_outcomes else f"{dtype.str}{array.shape}"
-                put(kind.encode())
+                put((f"bits{self.outcomes.shape}" if array is packed else f"{dtype.str}{array.shape}").encode())
                 # The C-order bytes, a block of rows at a time: the likelihood is stored
                 # outcome-major, and one contiguous copy of it would double the memory.
                 digest.update((array.size * array.itemsize).to_bytes(8, "little"))
