@@ -20,12 +20,16 @@ from flask import Request, Response, request
 from flask.json.provider import JSONProvider
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.wsgi import get_content_length
 
 from schemas.arrays import Lifted
 from schemas.instance import json_path
 from service.errors import ServiceError
 
+from service.settings import Settings
+
 from .bulk import lift_bulk
+from .context import services
 from .limits import check_depth, check_request
 
 try:  # what gunicorn's body reader raises on bad chunked framing
@@ -110,63 +114,66 @@ def validation_errors(error: ValidationError) -> list[dict[str, str]]:
     return [{"path": json_path(tuple(e["loc"])), "message": e["msg"]} for e in error.errors(include_url=False)]
 
 
-def _read_body(served: Request) -> bytes:
-    """The whole body; 413 past MAX_CONTENT_LENGTH whether or not it came with a length; inflated
-    when it was sent with ``Content-Encoding: gzip``."""
+def _read_body(served: Request, limit: int) -> bytes:
+    """The whole body; 413 past ``limit`` (MAX_BODY_BYTES) whether or not it came with a length;
+    inflated when it was sent with ``Content-Encoding: gzip``."""
     try:
-        limit = served.max_content_length
-        length = served.content_length
-        if length is not None and (limit is None or length <= limit):
+        # werkzeug's rules (none with Transfer-Encoding: chunked), from the environ: the
+        # request's own property builds a headers view first.
+        length = get_content_length(served.environ)
+        if length is not None and length <= limit:
             # One read of the announced length: werkzeug's get_data reads 64 KiB at a time, and
             # gunicorn's body reader copies what it has buffered on every read (quadratic in
             # the body: +0.25 s on a 13 MB instance).
             raw = served.environ["wsgi.input"].read(length)
             if len(raw) < length:
                 raise UnreadableBody(f"the request body ended after {len(raw)} of {length} bytes")
-            return _inflated(served, raw)
+            return _inflated(served, raw, limit)
         raw = served.get_data(cache=False)  # a Content-Length over the limit: 413 here, unread
         # A chunked body is cut at the limit silently (werkzeug's LimitedStream): one byte more
         # left in the stream means it was longer.
-        if limit is not None and len(raw) >= limit and served.environ["wsgi.input"].read(1):
+        if len(raw) >= limit and served.environ["wsgi.input"].read(1):
             raise RequestEntityTooLarge()
     except HTTPException:
         raise
     except (OSError, *_SERVER_PARSE_ERRORS) as error:
         raise UnreadableBody(f"the request body could not be read: {error}") from None
-    return _inflated(served, raw)
+    return _inflated(served, raw, limit)
 
 
 def parse_body(model: type[Model]) -> Model:
-    served = request._get_current_object()  # through the proxy once
-    if not _is_json(served.mimetype):
+    served = request._get_current_object()  # through the proxies once each
+    settings = services().settings
+    # The exact common value spares werkzeug's parse of the header (parameters, case).
+    if served.environ.get("CONTENT_TYPE") != JSON_MEDIA_TYPE and not _is_json(served.mimetype):
         shown = served.mimetype or "none"
         raise UnsupportedMediaType(f"send the body as {JSON_MEDIA_TYPE} (Content-Type was {shown})")
-    raw = _read_body(served)
+    raw = _read_body(served, settings.max_body_bytes)
     lifted = lift_bulk(raw)  # a big array's base64 or digits, kept out of the parser
     if lifted is not None:
         body, values = lifted
         try:
-            parsed = _parsed(body, model, {Lifted.CONTEXT_KEY: values})
+            parsed = _parsed(body, model, settings, {Lifted.CONTEXT_KEY: values})
         except ServiceError:
             parsed = None  # refused: the whole body, parsed as it came, says why (below)
         if parsed is not None and values.all_taken:
             return parsed
-    return _parsed(raw, model)
+    return _parsed(raw, model, settings)
 
 
-def _parsed(raw: bytes, model: type[Model], context: dict[str, Any] | None = None) -> Model:
+def _parsed(raw: bytes, model: type[Model], settings: Settings, context: dict[str, Any] | None = None) -> Model:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
         raise MalformedJson(f"the body is not valid JSON: {error}") from None
-    check_depth(raw)  # before the wire model walks it (service/api/limits.py)
+    check_depth(raw, settings.max_json_depth)  # before the wire model walks it (service/api/limits.py)
     refuse_duplicate_keys(raw, data)
     try:
         parsed = model.model_validate(data, context=context)
     except ValidationError as error:
         errors = validation_errors(error)
         raise RequestValidationFailed(f"the request body has {len(errors)} problem(s)", errors) from None
-    check_request(parsed)  # the worker-protecting limits, before any array is built
+    check_request(parsed, settings)  # the worker-protecting limits, before any array is built
     return parsed
 
 
@@ -212,16 +219,18 @@ def refuse_duplicate_keys(raw: bytes, data: Any) -> None:
 GZIP_CODINGS = ("gzip", "x-gzip")
 
 
-def _inflated(served: Request, raw: bytes) -> bytes:
+def _inflated(served: Request, raw: bytes, limit: int) -> bytes:
     """``raw`` inflated per its ``Content-Encoding`` (gzip or none). The inflated size is held to
-    MAX_BODY_BYTES *while* inflating, so a gzip bomb is refused after at most that many bytes of
-    output, never expanded in full."""
-    coding = served.environ.get("HTTP_CONTENT_ENCODING", "").strip().lower()
+    ``limit`` (MAX_BODY_BYTES) *while* inflating, so a gzip bomb is refused after at most that many
+    bytes of output, never expanded in full."""
+    coding = served.environ.get("HTTP_CONTENT_ENCODING")
+    if coding is None:
+        return raw
+    coding = coding.strip().lower()
     if coding in ("", "identity"):
         return raw
     if coding not in GZIP_CODINGS:
         raise UnsupportedMediaType(f"Content-Encoding {coding!r} is not supported; send gzip or nothing")
-    limit = served.max_content_length
     inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing only
     try:
         body = inflater.decompress(raw, limit + 1)  # stops after limit + 1 bytes of output
@@ -244,9 +253,10 @@ class InvalidHeaderValue(ServiceError):
 
 def flag(name: str) -> bool:
     """A boolean query parameter (``?explain=true``; also 1/yes and false/0/no); else 400."""
-    if not request.query_string:
+    served = request._get_current_object()  # through the proxy once
+    if not served.query_string:
         return False  # without parsing the (absent) query string into request.args
-    raw = request.args.get(name)
+    raw = served.args.get(name)
     if raw is None:
         return False
     value = raw.strip().lower()

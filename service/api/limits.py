@@ -30,8 +30,7 @@ from pydantic import BaseModel
 from schemas.api import ObservationCorrection, ObservationsRequest, SelectRequest, StepConfig
 from schemas.instance import Instance
 from service.errors import ServiceError
-
-from .context import services
+from service.settings import Settings
 
 # A JSON string: quote, then runs of plain characters or escapes (unrolled: linear time).
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -68,11 +67,10 @@ def json_depth(raw: bytes) -> int:
     return _bracket_depth(_JSON_STRING.sub(b'""', raw))
 
 
-def check_depth(raw: bytes) -> None:
-    """Called by parse_body on JSON that orjson accepted, before the wire model sees it. A cheap
-    bound first (one pass: the bracket nesting, brackets inside strings counted too); the exact
-    depth only when that bound is over the limit."""
-    limit = services().settings.max_json_depth
+def check_depth(raw: bytes, limit: int) -> None:
+    """Called by parse_body on JSON that orjson accepted, before the wire model sees it, with
+    MAX_JSON_DEPTH. A cheap bound first (one pass: the bracket nesting, brackets inside strings
+    counted too); the exact depth only when that bound is over the limit."""
     if len(raw) <= 2 * limit or _bracket_depth(raw) <= limit:
         return
     depth = json_depth(raw)
@@ -80,15 +78,14 @@ def check_depth(raw: bytes) -> None:
         raise LimitExceeded("MAX_JSON_DEPTH", limit, f"the body nests {depth} levels deep")
 
 
-def check_request(model: BaseModel) -> None:
+def check_request(model: BaseModel, settings: Settings) -> None:
     """Called by parse_body on every validated request body."""
-    settings = services().settings
     labelled = None
     if isinstance(model, Instance):
         _check_instance(model, settings)
     elif isinstance(model, StepConfig) and model.instance is not None:
         _check_instance(model.instance, settings, path="instance.")
-    if isinstance(model, ObservationsRequest | SelectRequest):
+    if isinstance(model, (ObservationsRequest, SelectRequest)):
         labelled = model.labelled()
     if labelled is not None:
         if len(labelled) > settings.max_observations_per_request:

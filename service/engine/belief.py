@@ -308,10 +308,10 @@ def observe(inst: CompiledInstance, observations: Sequence[Observation], previou
         raise InconsistentObservation(_inconsistent_message(inst, observations))
     # Shift by the maximum before exponentiating: 500+ observations stay finite and exact.
     weight = np.exp(log_post - top)
-    positive = weight > 0
-    if positive.all():
+    if weight.min() > 0.0:
         alive, mass = support, weight
     else:
+        positive = weight > 0
         finite = log_post > -np.inf
         if not finite.all():
             # Rows of probability 0 (log −∞) stay there whatever comes next: no need to carry them.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,8 +52,10 @@ class StopReason(StrEnum):
     NO_INFORMATIVE_TEST = "no_informative_test"
 
 
-@dataclass(frozen=True)
-class StopRules:
+class StopRules(NamedTuple):
+    """When a run stops, besides running out of informative tests. A tuple: cheap to build and
+    to hash (a session's rules are part of the key its steps are cached under)."""
+
     max_tests: int | None = None
     max_cost: float | None = None
     confidence: float | None = None
@@ -184,9 +187,15 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
             return stop(StopReason.BUDGET_EXHAUSTED)
     positive = gain > ZERO_GAIN
     informative = eligible & positive
+    per_cost = gain / inst.costs
+    scores = np.maximum(per_cost, 0.0)
     scale = belief.total_mass ** policy.score_power
-    scores = np.where(eligible, np.maximum(gain, 0.0) * scale / inst.costs, np.nan)
-    if not informative.any():
+    if scale != 1.0:  # a likelihood belief's mass is normalised
+        scores *= scale
+    scores = np.where(eligible, scores, np.nan)
+    ratio = np.where(informative, per_cost, -np.inf)
+    best = int(ratio.argmax())
+    if ratio[best] == -np.inf:  # nothing informative
         beyond_budget = available & ~eligible & positive
         return stop(StopReason.BUDGET_EXHAUSTED if beyond_budget.any() else StopReason.NO_INFORMATIVE_TEST, scores)
 
@@ -200,17 +209,17 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
             rest = rng.permutation(candidates[candidates != chosen]).tolist()
             batch = _fit_batch(belief, rules, [chosen, *rest], batch_size)
         return Decision(belief, chosen, None, scores, batch)
-    ratio = np.where(informative, gain / inst.costs, -np.inf)
-    chosen = _earliest_best(ratio)
+    chosen = _earliest_best(ratio, best)
     batch = (chosen,)
     if batch_size > 1:
         batch = greedy_batch(belief, policy, rules, stats, chosen, eligible, batch_size)
     return Decision(belief, chosen, None, scores, batch)
 
 
-def _earliest_best(ratio: np.ndarray) -> int:
-    best = ratio[ratio.argmax()]
-    return int((ratio >= best - TIE_TOLERANCE * abs(best)).argmax())
+def _earliest_best(ratio: np.ndarray, best: int) -> int:
+    """The first test within TIE_TOLERANCE of ``ratio[best]``, the largest."""
+    top = ratio[best]
+    return int((ratio >= top - TIE_TOLERANCE * abs(top)).argmax())
 
 
 def _batch_room(belief: Belief, rules: StopRules, batch_size: int) -> tuple[int, float]:
@@ -318,7 +327,8 @@ def greedy_batch(belief: Belief, policy: Policy, rules: StopRules, stats: Outcom
         candidates = eligible & ~in_batch & (inst.costs <= budget - spent) & (marginal > ZERO_GAIN)
         if not candidates.any():
             break
-        chosen = _earliest_best(np.where(candidates, marginal / inst.costs, -np.inf))
+        ratio = np.where(candidates, marginal / inst.costs, -np.inf)
+        chosen = _earliest_best(ratio, int(ratio.argmax()))
         batch.append(chosen)
         in_batch[chosen] = True
         spent += float(inst.costs[chosen])
