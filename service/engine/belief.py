@@ -181,7 +181,9 @@ class Belief:
 
     @_cached
     def total_mass(self) -> float:
-        return float(self.mass.sum())
+        """Σ mass (the prior mass of V on a deterministic instance); 1 for a likelihood posterior
+        :func:`observe` computed, which it normalised (the sum differs from 1 by round-off only)."""
+        return 1.0 if self.log_posterior is not None else float(self.mass.sum())
 
     @_cached
     def answers(self) -> tuple[Observation, ...]:
@@ -537,9 +539,9 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
     inst = belief.instance
     n_tests, width = inst.n_tests, inst.max_outcomes
     total = belief.total_mass
-    weight = belief.mass / total
+    weight, b = (belief.mass, belief.class_mass) if total == 1.0 else (belief.mass / total, belief.class_mass / total)
     if len(belief.alive) * n_tests * width <= _DENSE_CELLS:
-        return _dense_stats(belief, wanted, weight, belief.class_mass / total)
+        return _dense_stats(belief, wanted, weight, b)
     sums = _Sums(n_tests, width, wanted)
     deterministic = inst.outcomes is not None
     by_outcome = None if deterministic else inst.likelihood_by_outcome
@@ -555,7 +557,7 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
         groups = 1 + np.count_nonzero((alive[1:] >> 3) != (alive[:-1] >> 3))
         if alive.size >= _MIN_GROUP_FILL * groups and inst.outcome_bits is not None:
             sums.add_bit_planes(inst.outcome_bits, alive, weight, inst.n_hypotheses)
-            return sums.finish(belief.class_mass / total)
+            return sums.finish(b)
     starts = np.concatenate(([0], bounds))
     ends = np.concatenate((bounds, [len(classes)]))
     sizes = ends - starts
@@ -591,7 +593,7 @@ def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
             else:
                 _add_likelihood_block(sums, by_outcome, rows, w, boundaries[i:j] - start, j - i == stop - start)
             i = j
-    return sums.finish(belief.class_mass / total)
+    return sums.finish(b)
 
 
 @cache
