@@ -643,10 +643,13 @@ def _dense_stats(belief: Belief, wanted: frozenset[str], weight: np.ndarray, b: 
         else:
             a = np.add.reduceat(answers * weight[:, None, None], np.searchsorted(runs.run, np.arange(runs.count)),
                                 axis=0)
-    # (N, ℓ) views of the (ℓ, N) reductions.
+    # (N, ℓ) views of the (ℓ, N) reductions. The sums over classes as products with a vector of
+    # ones: on these sizes a GEMV costs half a strided reduction over the first axis.
+    flat = a.reshape(a.shape[0], -1)
+    ones = np.ones(flat.shape[0])
     return OutcomeStats(
-        a.sum(axis=0).T, b,
-        sum_sq=np.einsum("cxt,cxt->xt", a, a).T if "sum_sq" in wanted else None,
+        (ones @ flat).reshape(width, n_tests).T, b,
+        sum_sq=(ones @ np.square(flat)).reshape(width, n_tests).T if "sum_sq" in wanted else None,
         sum_xlogx=xlog2x(a).sum(axis=0).T if "sum_xlogx" in wanted else None,
         max=a.max(axis=0).T if "max" in wanted else None,
     )
