@@ -8,9 +8,8 @@ never stale in content; the Redis store only re-checks now and then that it stil
 (``checked_at``), so expiry there is seen here too.
 
 The budget counts what an instance holds in this process (:func:`resident_bytes`): its arrays,
-what the engine derives from them and keeps on the instance (the answers' bit planes), the
-log-likelihood the engine computes beside a likelihood tensor, and its labels with their
-indexes — an instance with thousands of long outcome labels holds far more in strings than in
+what the engine derives from them and keeps on the instance (the answers' bit planes, the padded
+table of a whole version space), and its labels with their indexes — an instance with thousands of long outcome labels holds far more in strings than in
 arrays. An instance larger than the whole budget is not cached at all rather than flushing
 everything.
 """
@@ -38,8 +37,6 @@ STR_HEADER_BYTES = sys.getsizeof("\U0001F600") - 4
 def resident_bytes(instance: CompiledInstance) -> int:
     """Bytes ``instance`` keeps alive in this process (an estimate from above for the labels)."""
     arrays = instance.nbytes + instance.derived_nbytes
-    if instance.likelihood is not None:
-        arrays += instance.likelihood.nbytes  # its log, which the engine caches on the instance
     indexed = list(itertools.chain(instance.test_ids, *instance.outcome_labels))
     other = list(itertools.chain(instance.hypothesis_ids, instance.class_labels, instance.warnings))
     labels = _str_bytes(indexed) + _str_bytes(other)
