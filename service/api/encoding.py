@@ -25,7 +25,6 @@ from werkzeug.wsgi import get_content_length
 from schemas.arrays import Lifted
 from schemas.instance import json_path
 from service.errors import ServiceError
-
 from service.settings import Settings
 
 from .bulk import lift_bulk

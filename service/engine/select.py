@@ -325,10 +325,11 @@ def greedy_batch(belief: Belief, policy: Policy, rules: StopRules, stats: Outcom
         for _, q, branch_stats in branches:
             marginal += q ** (policy.score_power + 1) * np.maximum(policy.gain(branch_stats), 0.0)
         candidates = eligible & ~in_batch & (inst.costs <= budget - spent) & (marginal > ZERO_GAIN)
-        if not candidates.any():
-            break
         ratio = np.where(candidates, marginal / inst.costs, -np.inf)
-        chosen = _earliest_best(ratio, int(ratio.argmax()))
+        best = int(ratio.argmax())
+        if ratio[best] == -np.inf:  # no candidate left
+            break
+        chosen = _earliest_best(ratio, best)
         batch.append(chosen)
         in_batch[chosen] = True
         spent += float(inst.costs[chosen])

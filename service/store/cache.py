@@ -9,9 +9,9 @@ never stale in content; the Redis store only re-checks now and then that it stil
 
 The budget counts what an instance holds in this process (:func:`resident_bytes`): its arrays,
 what the engine derives from them and keeps on the instance (the answers' bit planes, the padded
-table of a whole version space), and its labels with their indexes — an instance with thousands of long outcome labels holds far more in strings than in
-arrays. An instance larger than the whole budget is not cached at all rather than flushing
-everything.
+table of a whole version space), and its labels with their indexes — an instance with thousands
+of long outcome labels holds far more in strings than in arrays. An instance larger than the
+whole budget is not cached at all rather than flushing everything.
 """
 
 from __future__ import annotations
