@@ -30,7 +30,7 @@ PATHS = {
     "streamed, bit planes": {"_DENSE_CELLS": 0, "_MIN_GROUP_FILL": 0},
 }
 STATISTIC_SETS = [frozenset(), frozenset({"sum_sq"}), frozenset({"sum_xlogx"}), frozenset({"max"}),
-                  belief_module.STATISTICS]
+                  belief_module.CLASS_REDUCTIONS]
 
 
 def random_instance(rng: np.random.Generator, kind: str, own_classes: bool, n: int | None = None,

@@ -36,7 +36,7 @@ from .evaluate import (
     run_policy,
     worst_case_cost,
 )
-from .policies import POLICIES, Policy
+from .policies import DEFAULT_POLICIES, POLICIES, Policy, resolve_policy
 from .regions import choose_decision, decision_posterior, expected_loss
 from .select import (
     DEFAULT_LIKELIHOOD_CONFIDENCE,
@@ -49,7 +49,6 @@ from .select import (
     decide,
     greedy_batch,
     next_step,
-    resolve_policy,
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")]

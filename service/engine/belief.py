@@ -1,6 +1,7 @@
 """What is known after some observations: the version space (deterministic instances) or the
 exact Bayesian posterior kept in log space (likelihood instances), and the reductions over classes
-of the masses α(i, t, x) that the policies read (:class:`OutcomeStats`)."""
+of the masses α(i, t, x) that the policies read (:class:`OutcomeStats`; the statistics beyond
+them are registered in statistics.py)."""
 
 from __future__ import annotations
 
@@ -8,24 +9,23 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache
+from typing import Any, Callable
 
 import numpy as np
 
 from .compiled import (DENSE_CELLS, PADDED_GROWTH, PADDED_RUNS, CompiledInstance, class_runs, padded_by_runs,
                        pads_runs)
 from .errors import ConflictingObservation, InconsistentObservation, UnknownOutcome, UnknownTest
-from .regions import PowerSums, power_sums, region_sets
 
 Observation = tuple[int, int]  # (test index, outcome index), or (test index, SKIPPED)
 # The outcome index of a skipped test: the respondent gave no answer, so nothing is learnt.
 SKIPPED = -1
 
-# The statistics a policy may ask for beyond p (always computed): see :class:`OutcomeStats`.
-STATISTICS = frozenset({"sum_sq", "sum_xlogx", "max"})
-# Decision instances only: power sums over decision regions (service/engine/regions.py).
-REGION_STATISTICS = frozenset({"hyperedge_sums", "region_sums"})
+# The reductions over classes of α a policy may ask for beyond p (always computed), all computed
+# by one pass over the alive cells (:func:`reduce_over_classes`): see :class:`OutcomeStats`.
+CLASS_REDUCTIONS = frozenset({"sum_sq", "sum_xlogx", "max"})
 
 # Cells (rows × tests) per block when accumulating α. Two reasons, both measured in bench/engine.py:
 # the block's float64 image stays in cache, and it stays under OpenBLAS's threshold for threading
@@ -69,8 +69,9 @@ class OutcomeStats:
     With a(i, t, x) = α(i, t, x)/M, per test t and outcome x (arrays of shape (N, ℓ)):
     ``p`` = Σ_i a(i, t, x) = P(X_t = x | x_A), ``sum_sq`` = Σ_i a², ``sum_xlogx`` = Σ_i a log₂ a,
     ``max`` = max_i a (exact); ``b`` (C,) = β(i)/M, the class posterior. The optional three are
-    ``None`` unless asked for (:data:`STATISTICS`). Outcomes beyond a test's arity have 0 mass.
-    Entries that are exactly 0 may carry round-off of order 1e-17 (complements β − Σ others).
+    ``None`` unless asked for (:data:`CLASS_REDUCTIONS`). Outcomes beyond a test's arity have 0
+    mass. Entries that are exactly 0 may carry round-off of order 1e-17 (complements β − Σ others).
+    ``derived`` holds the registered statistics asked for, by name (statistics.py).
     """
 
     p: np.ndarray
@@ -78,12 +79,15 @@ class OutcomeStats:
     sum_sq: np.ndarray | None = None
     sum_xlogx: np.ndarray | None = None
     max: np.ndarray | None = None
-    # Decision instances: q_j over V and V ∩ R_S for HEC (j ≤ k, S every set some hypothesis
-    # accepts) and for DiRECt (j ≤ 2, S each decision), with HEC's k and signs (-1)^(|S|+1).
-    hyperedge_sums: PowerSums | None = None
-    region_sums: PowerSums | None = None
-    hyperedge_order: int = 0
-    hyperedge_signs: np.ndarray | None = None
+    derived: dict[str, Any] = field(default_factory=dict)
+    _gains: dict = field(default_factory=dict, init=False, repr=False)
+
+    def gain(self, function: Callable[[OutcomeStats], np.ndarray]) -> np.ndarray:
+        """``function(self)``, computed once: a stop rule and the policy may read the same gain."""
+        value = self._gains.get(function)
+        if value is None:
+            value = self._gains[function] = function(self)
+        return value
 
 
 def xlog2x(x: np.ndarray) -> np.ndarray:
@@ -225,7 +229,7 @@ class Belief:
     def class_posterior(self) -> np.ndarray:
         return self.class_mass / self.class_mass.sum()
 
-    def outcome_stats(self, statistics: Iterable[str] = STATISTICS) -> OutcomeStats:
+    def outcome_stats(self, statistics: Iterable[str] = CLASS_REDUCTIONS) -> OutcomeStats:
         """The per-(test, outcome) reductions over classes that every policy needs, in one pass.
 
         With a(i, t, x) = α(i, t, x)/M and α(i, t, x) = Σ_{h ∈ H_i ∩ V} w(h) P(X_t = x | h):
@@ -242,23 +246,13 @@ class Belief:
           (the default, class = hypothesis) needs no α at all: α(h, t, x) = w(h)·[X_ht = x], so
           Σ_i a^m and Σ_i a log a are the weights w, w², w log w against the one-hot [X = x] (one
           GEMM); a block of other small classes sums its rows per class with ``np.add.reduceat``.
+
+        Statistics registered in statistics.py are computed on request beside these
+        (:func:`~.statistics.outcome_stats`).
         """
-        wanted = frozenset(statistics)
-        if not wanted & REGION_STATISTICS:
-            return _accumulate(self, wanted)
-        inst = self.instance
-        extra: dict = {}
-        if "hyperedge_sums" in wanted:
-            extra.update(hyperedge_sums=power_sums(self, region_sets(inst, True), inst.hyperedge_order),
-                         hyperedge_order=inst.hyperedge_order, hyperedge_signs=inst.decision_intersections[1])
-        if "region_sums" in wanted:
-            extra["region_sums"] = power_sums(self, region_sets(inst, False), 2)
-        classes = wanted - REGION_STATISTICS
-        if classes:
-            return replace(_accumulate(self, classes), **extra)
-        # p from the sums themselves: q_1 over V is Σ_h a(h) P(x | h, t).
-        first = next(iter(v for v in extra.values() if isinstance(v, PowerSums)))
-        return OutcomeStats(p=first.after[0, 0], b=self.class_mass / self.total_mass, **extra)
+        from .statistics import outcome_stats  # statistics.py builds on this module
+
+        return outcome_stats(self, statistics)
 
 
 def observe(inst: CompiledInstance, observations: Sequence[Observation], previous: Belief | None = None) -> Belief:
@@ -535,7 +529,9 @@ class _Sums:
         return OutcomeStats(self.p, b, self.sum_sq, self.sum_xlogx, self.max)
 
 
-def _accumulate(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
+def reduce_over_classes(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
+    """p, b and the reductions of α over classes in ``wanted`` (:data:`CLASS_REDUCTIONS`), in one
+    pass over the alive cells (:meth:`Belief.outcome_stats` says how)."""
     inst = belief.instance
     n_tests, width = inst.n_tests, inst.max_outcomes
     total = belief.total_mass

@@ -1,16 +1,22 @@
 """Selection policies: each scores every test at once from reductions of the masses α(i, t, x).
 
 A policy is one small object registered by name in :data:`POLICIES` (the only place that knows
-them all). ``gain`` returns the expected benefit of each test in *normalised* units (masses
+them all; :data:`DEFAULT_POLICIES` names the default for each kind of instance). It declares what
+it needs (:class:`Policy`), and the selection loop (select.py) reads those declarations, never a
+policy's name. ``gain`` returns the expected benefit of each test in *normalised* units (masses
 divided by the current total ``M``), so one zero-tolerance serves every policy; ``score_power``
 says how the paper's own units scale with ``M`` (Δ_EC is a sum of products P(h)P(h′) of the
 unnormalised prior, so it scales with M²; GBS's version-space mass with M).
 
 Notation, per test t: a(i, x) = α(i, t, x)/M, b(i) = Σ_x a(i, x) (the class posterior),
 p(x) = Σ_i a(i, x) (the outcome distribution). No gain needs a(i, x) itself, only p, b and the
-sums over classes Σ_i a², Σ_i a log a, max_i a (:class:`~.belief.OutcomeStats`); ``statistics``
-names those a policy reads beyond p and b, so :meth:`~.belief.Belief.outcome_stats` computes only
-them (O(|V|·N) time, O(N·ℓ) memory even when every hypothesis is its own class).
+sums over classes Σ_i a², Σ_i a log a, max_i a (:class:`~.belief.OutcomeStats`), or statistics
+registered in statistics.py; ``statistics`` names those a policy reads beyond p and b, so
+:meth:`~.belief.Belief.outcome_stats` computes only them (O(|V|·N) time, O(N·ℓ) memory even when
+every hypothesis is its own class).
+
+Adding a policy: a gain function with its objective in the paper's symbols, a row of
+:data:`POLICIES` declaring its statistics and kind, a naive reference in tests/reference.py.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from typing import Callable
 import numpy as np
 
 from .belief import OutcomeStats, xlog2x
+from .compiled import CompiledInstance
+from .errors import PolicyNotApplicable, UnknownPolicy
 from .regions import hyperedge_weight, region_edge_weights
 
 GainFunction = Callable[[OutcomeStats], np.ndarray]
@@ -28,19 +36,31 @@ GainFunction = Callable[[OutcomeStats], np.ndarray]
 
 @dataclass(frozen=True)
 class Policy:
+    """A selection policy and what it declares it needs; :func:`~.select.decide` reads only these."""
+
     name: str
     gain: GainFunction  # OutcomeStats -> (N,) expected benefit, normalised units
+    # The gain in the paper's units is gain · M^score_power (M = P(V), 1 on likelihood instances).
     score_power: int = 0
+    # Refused on likelihood instances.
     deterministic_only: bool = False
     summary: str = ""
-    statistics: frozenset[str] = frozenset()  # read by gain beyond p and b
-    # Reads decision regions: runs on decision instances only, and stops when decided.
+    # Read by gain beyond p and b: names of CLASS_REDUCTIONS (belief.py) or of STATISTICS
+    # (statistics.py).
+    statistics: frozenset[str] = frozenset()
+    # Its kind. A decision policy reads decision regions: it runs on decision instances only and
+    # stops when decided. A class policy (the others) stops when one class is determined.
     decision: bool = False
     # Draws its choice from the seed; every other policy's step depends on the observations alone.
     seeded: bool = False
 
 
-def ec2_gain(stats: OutcomeStats) -> np.ndarray:
+# What Δ_EC reads: also the indistinguishability stop rule of class policies on deterministic
+# instances (select.py), whichever policy runs.
+EDGE_CUTTING_STATISTICS = frozenset({"sum_sq"})
+
+
+def edge_cutting_gain(stats: OutcomeStats) -> np.ndarray:
     """Δ_EC(t) = w(E ∩ V) − Σ_x p(x) w(E ∩ V(x)), with w(E') = ½[(Σ_i a_i)² − Σ_i a_i²]
     (the paper's fast implementation: no O(n²) edge list)."""
     b, p = stats.b, stats.p
@@ -115,7 +135,7 @@ def hec_gain(stats: OutcomeStats) -> np.ndarray:
       = W(a_x)/p(x)^k since W is homogeneous of degree k.
 
     Dividing by W(V) (constant over tests) makes the zero tolerance relative."""
-    sums, k, signs = stats.hyperedge_sums, stats.hyperedge_order, stats.hyperedge_signs
+    sums, k, signs = stats.derived["hyperedge_sums"]
     remaining = float(hyperedge_weight(sums.now, signs, k))
     if sums.decided or remaining <= 0:
         return np.zeros(stats.p.shape[0])
@@ -137,7 +157,7 @@ def direct_gain(stats: OutcomeStats) -> np.ndarray:
     * deterministic: Δ_DiRECt(t) = 1 − Σ_x p(x) Π_d w_d(V ∩ {X_t = x}) / w_d(V);
     * likelihood, on the posterior: 1 − Σ_x p(x) Π_d w_d(π(· | x)) / w_d(π), where
       w_d(π(· | x)) = w_d(a_x)/p(x)²."""
-    sums = stats.region_sums
+    sums = stats.derived["region_sums"]
     now = region_edge_weights(sums.now)  # (D,)
     if sums.decided or (now <= 0).any():
         return np.zeros(stats.p.shape[0])
@@ -152,9 +172,9 @@ def direct_gain(stats: OutcomeStats) -> np.ndarray:
 POLICIES: dict[str, Policy] = {
     policy.name: policy
     for policy in (
-        Policy("ec2", ec2_gain, score_power=2, deterministic_only=True,
+        Policy("ec2", edge_cutting_gain, score_power=2, deterministic_only=True,
                summary="EC²: expected weight of edges cut between classes, per unit cost",
-               statistics=frozenset({"sum_sq"})),
+               statistics=EDGE_CUTTING_STATISTICS),
         Policy("effecxtive", effecxtive_gain,
                summary="EffECXtive: expected gain in Σ P(class)² (Rényi-2), per unit cost",
                statistics=frozenset({"sum_sq"})),
@@ -178,3 +198,30 @@ POLICIES: dict[str, Policy] = {
                statistics=frozenset({"region_sums"})),
     )
 }
+
+# The policy an instance gets when it names none, by its kind (:func:`instance_kind`).
+DEFAULT_POLICIES: dict[str, str] = {"decision": "hec", "deterministic": "ec2", "likelihood": "effecxtive"}
+
+
+def instance_kind(inst: CompiledInstance) -> str:
+    """"decision" for an instance with decision regions, else "deterministic" or "likelihood"."""
+    return "decision" if inst.is_decision else inst.kind
+
+
+def resolve_policy(inst: CompiledInstance, name: str | None) -> Policy:
+    """The policy called ``name`` (the instance's default when None), if it applies to ``inst``."""
+    if name is None:
+        name = DEFAULT_POLICIES[instance_kind(inst)]
+    policy = POLICIES.get(name)
+    if policy is None:
+        raise UnknownPolicy(f"unknown policy '{name}'; choose one of {sorted(POLICIES)}")
+    if policy.decision and not inst.is_decision:
+        raise PolicyNotApplicable(
+            f"policy '{name}' needs a decision instance (top-level 'decisions' and per-hypothesis "
+            "'acceptable' or 'loss'); this instance has classes")
+    if policy.deterministic_only and inst.kind != "deterministic":
+        raise PolicyNotApplicable(
+            f"policy '{name}' needs deterministic outcomes; for a likelihood instance use "
+            f"'{DEFAULT_POLICIES['likelihood']}' (or give max_flips to expand noisy copies)"
+        )
+    return policy

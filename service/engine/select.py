@@ -10,8 +10,8 @@ import numpy as np
 
 from .belief import Belief, Observation, OutcomeStats, observe
 from .compiled import CompiledInstance
-from .errors import InfeasibleComputation, PolicyNotApplicable, StopRuleNotApplicable, UnknownPolicy
-from .policies import POLICIES, Policy, ec2_gain
+from .errors import InfeasibleComputation, StopRuleNotApplicable
+from .policies import EDGE_CUTTING_STATISTICS, Policy, edge_cutting_gain, resolve_policy
 from .regions import decided_by_all, decision_posterior, expected_loss
 
 # A normalised gain at or below this is zero: it is round-off, not information. Gains are
@@ -30,8 +30,6 @@ DEFAULT_LIKELIHOOD_CONFIDENCE = 0.95
 # conditioned beliefs evaluated per step, and cells (hypotheses × tests) they pass over.
 MAX_BATCH_BRANCHES = 4096
 MAX_BATCH_CELLS = 200_000_000
-# What the indistinguishability check of class policies on deterministic instances reads (Δ_EC).
-_EDGE_STATISTICS = POLICIES["ec2"].statistics
 
 
 class StopReason(StrEnum):
@@ -100,24 +98,6 @@ class Decision:
         return {labels[i]: float(posterior[i]) for i in order if posterior[i] > 0}
 
 
-def resolve_policy(inst: CompiledInstance, name: str | None) -> Policy:
-    if name is None:
-        name = "hec" if inst.is_decision else "ec2" if inst.kind == "deterministic" else "effecxtive"
-    policy = POLICIES.get(name)
-    if policy is None:
-        raise UnknownPolicy(f"unknown policy '{name}'; choose one of {sorted(POLICIES)}")
-    if policy.decision and not inst.is_decision:
-        raise PolicyNotApplicable(
-            f"policy '{name}' needs a decision instance (top-level 'decisions' and per-hypothesis "
-            "'acceptable' or 'loss'); this instance has classes")
-    if policy.deterministic_only and inst.kind != "deterministic":
-        raise PolicyNotApplicable(
-            f"policy '{name}' needs deterministic outcomes; for a likelihood instance use "
-            "'effecxtive' (or give max_flips to expand noisy copies)"
-        )
-    return policy
-
-
 def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed: int = 0,
            excluded: np.ndarray | None = None, batch_size: int = 1) -> Decision:
     """Stop with the first reason that applies (in the order of :class:`StopReason`), else the
@@ -159,18 +139,15 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     # One pass over the alive cells computes what the policy reads (and, on deterministic
     # instances, what the indistinguishability check reads: Δ_EC needs Σ_i a²).
     class_edges = inst.kind == "deterministic" and not policy.decision
-    statistics = policy.statistics | _EDGE_STATISTICS if class_edges else policy.statistics
+    statistics = policy.statistics | EDGE_CUTTING_STATISTICS if class_edges else policy.statistics
     stats = belief.outcome_stats(statistics)
-    gain = None
     if class_edges:
         # Policy-independent: can any unrun test still cut an edge between classes? A gain above
         # the tolerance says yes; otherwise the outcomes themselves decide, exactly (a class
         # too light for the tolerance is not "indistinguishable").
-        edge_gain = ec2_gain(stats)
+        edge_gain = stats.gain(edge_cutting_gain)
         if not (edge_gain[unrun] > ZERO_GAIN).any() and not splits(belief, unrun):
             return stop(StopReason.INDISTINGUISHABLE)
-        if policy.gain is ec2_gain:
-            gain = edge_gain
     elif inst.kind == "deterministic":
         # Undecided, so every split of V cuts a hyperedge: does an unrun test split V? The region
         # sums give p(x) as sums of positive masses, exactly 0 for an outcome nobody in V gives.
@@ -178,8 +155,7 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
             return stop(StopReason.INDISTINGUISHABLE)
     if not open_tests.any():
         return stop(StopReason.TESTS_EXHAUSTED)
-    if gain is None:
-        gain = policy.gain(stats)
+    gain = stats.gain(policy.gain)  # computed once when it is also Δ_EC above
     eligible = available
     if rules.max_cost is not None:
         eligible = available & (belief.cost_spent + inst.costs <= rules.max_cost * (1 + BUDGET_TOLERANCE))
