@@ -194,6 +194,31 @@ def uncertainty_gain(model, observations, t) -> float:
     return entropy_bits(outcome_probability(model, post, t, k) for k in range(model.arity[t]))
 
 
+def likelihood_ratio(model: Model, h: int, t: int, k: int) -> float:
+    """λ_{h,k} = P(X_t = k | h) / max_k′ P(X_t = k′ | h)."""
+    return model.p_outcome(h, t, k) / max(model.p_outcome(h, t, j) for j in range(model.arity[t]))
+
+
+def eced_gain(model: Model, observations: list[Observation], t: int) -> float:
+    """Δ_ECED(t | ψ) = Σ_x P(x | ψ) [δ_BS − δ_OFFSET] (Chen, Hassani & Krause, AISTATS 2017) with
+    an explicit edge list: every two hypotheses of different classes, weighted by
+    P(h, ψ)·P(h′, ψ) (the posterior on likelihood instances: P(ψ)² is the same for every test),
+    δ_BS = Σ_edges w (1 − λ_{h,x} λ_{h′,x}), δ_OFFSET = Σ_edges w (1 − max_g λ_{g,x}²), the max
+    over every hypothesis."""
+    mass = version_space_mass(model, observations)
+    post = posterior(mass)
+    edges = [(h, g, mass[h] * mass[g]) for h in range(model.n) for g in range(h + 1, model.n)
+             if model.classes[h] != model.classes[g]]
+    gain = 0.0
+    for x in range(model.arity[t]):
+        p_x = outcome_probability(model, post, t, x)
+        largest = max(likelihood_ratio(model, g, t, x) for g in range(model.n))
+        basic = sum(w * (1 - likelihood_ratio(model, h, t, x) * likelihood_ratio(model, g, t, x)) for h, g, w in edges)
+        offset = sum(w * (1 - largest ** 2) for _, _, w in edges)
+        gain += p_x * (basic - offset)
+    return gain
+
+
 def random_gain(model, observations, t) -> float:
     """1 when the outcome of t is still uncertain (two outcomes possible), else 0."""
     post = posterior(version_space_mass(model, observations))
@@ -201,8 +226,13 @@ def random_gain(model, observations, t) -> float:
     return 1.0 if possible >= 2 else 0.0
 
 
+# Units of each gain: Δ_EC and Δ_ECED are sums of P(h)P(h′), GBS a mass (normalised: divided by
+# P(V) to this power); the rest are posterior quantities.
+POWER = {"ec2": 2, "eced": 2, "gbs": 1}
+
 GAINS = {
     "ec2": ec2_gain,
+    "eced": eced_gain,
     "effecxtive": effecxtive_gain,
     "gbs": gbs_gain,
     "infogain": infogain_gain,
@@ -279,7 +309,7 @@ def decide(model: Model, observations: list[Observation], policy: str, max_tests
     gain_of = GAINS[policy]
     total = sum(mass)
     # Zero is judged in normalised units (masses over P(V)): Δ_EC scales with P(V)², GBS with P(V).
-    power = {"ec2": 2, "gbs": 1}.get(policy, 0)
+    power = POWER.get(policy, 0)
     gains = {t: gain_of(model, observations, t) for t in unrun}
     score = [None] * model.n_tests
     for t in eligible:
@@ -455,7 +485,7 @@ def greedy_batch(model: Model, observations: list[Observation], policy: str, siz
         return []
     batch = [first.test]
     total = sum(version_space_mass(model, observations))
-    power = {"ec2": 2, "gbs": 1}.get(policy, 0)
+    power = POWER.get(policy, 0)
     ran = {t for t, _ in observations}
     while len(batch) < size:
         base = joint_gain(model, observations, batch, policy)

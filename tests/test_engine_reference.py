@@ -14,15 +14,15 @@ from hypothesis import strategies as st
 from service import engine
 from service.engine import StopReason, StopRules
 from service.engine import belief as belief_module
+from service.engine import statistics as statistics_module
 
 from tests import reference as ref
 from tests.builders import compile_model, compile_wire
 
 N_INSTANCES = 240
-DETERMINISTIC_POLICIES = ["ec2", "effecxtive", "gbs", "infogain", "voi", "uncertainty", "random"]
-LIKELIHOOD_POLICIES = ["effecxtive", "gbs", "infogain", "voi", "uncertainty", "random"]
-# Units of each score: Δ_EC is a sum of P(h)P(h'), GBS a mass; the rest are posterior quantities.
-POWER = {"ec2": 2, "gbs": 1}
+DETERMINISTIC_POLICIES = ["ec2", "eced", "effecxtive", "gbs", "infogain", "voi", "uncertainty", "random"]
+LIKELIHOOD_POLICIES = ["eced", "effecxtive", "gbs", "infogain", "voi", "uncertainty", "random"]
+POWER = ref.POWER
 
 
 def labelled(observations):
@@ -563,6 +563,8 @@ def test_big_and_small_classes_mixed_agree_with_the_reference(kind, policy, sett
             if small is not None:
                 monkeypatch.setattr(belief_module, "_SMALL_CLASS_CELLS", small * model.n_tests)
                 monkeypatch.setattr(belief_module, "_BLOCK_CELLS", block * model.n_tests)
+                # ECED's pass over the likelihood ratios: blocks of a row or a few, classes cut.
+                monkeypatch.setattr(statistics_module, "_RATIO_BLOCK_CELLS", block * model.n_tests)
             if parallel is not None:
                 monkeypatch.setattr(belief_module, "_PARALLEL_CELLS", parallel)
         compared += compare_with_reference(model, observations, policy, f"seed {seed}, {policy}, sizes {sizes}")[2]
@@ -642,3 +644,37 @@ def test_parsing_continued_from_an_earlier_parse_equals_parsing_everything():
             assert outcome(labelled[cut:], head, cut) == outcome(labelled), labelled
             compared += 1
     assert compared > 500
+
+
+# --- ECED: the noise-aware successor of EC² -----------------------------------------------------
+
+
+@pytest.mark.parametrize("max_flips", [None, 1])
+def test_eced_coincides_with_ec2_where_likelihoods_are_0_or_1(max_flips):
+    # Deterministic outcomes, and the noisy copies max_flips expands them into: λ is 0 or 1, the
+    # offset 0 wherever an outcome is possible, so the discount is the cut (same scores, same stop).
+    compared = 0
+    for seed in range(80):
+        model, observations = random_case(30_000 + seed, "deterministic")
+        payload = ref.to_payload(model)
+        if max_flips is not None:
+            payload = {**payload, "max_flips": max_flips, "noise": 0.1}
+        inst = compile_wire(payload)
+        parsed = engine.parse_observations(inst, labelled(observations))
+        eced, ec2 = (engine.next_step(inst, parsed, policy) for policy in ("eced", "ec2"))
+        assert eced.stop_reason == ec2.stop_reason and eced.next_test == ec2.next_test, seed
+        scored = ~np.isnan(ec2.scores)
+        assert np.array_equal(scored, ~np.isnan(eced.scores)), seed
+        scale = np.nanmax(np.abs(ec2.scores), initial=0.0)
+        assert np.allclose(eced.scores[scored], ec2.scores[scored], rtol=1e-9, atol=1e-13 * scale), seed
+        compared += eced.next_test is not None
+    assert compared >= 30
+
+
+def test_eced_gives_a_test_every_root_cause_answers_alike_nothing_however_noisy():
+    # t0's answers do not depend on the hypothesis (noise only); t1 tells 'a' from 'b', noisily.
+    cells = [[[0.7, 0.3], [0.8, 0.2]], [[0.7, 0.3], [0.3, 0.7]], [[0.7, 0.3], [0.25, 0.75]]]
+    model, inst = likelihood_instance(cells, ["a", "b", "b"])
+    decision = step(inst, policy="eced", max_tests=5)
+    assert decision.next_test == 1 and abs(decision.scores[0]) <= 1e-15
+    assert abs(ref.eced_gain(model, [], 0)) <= 1e-15 and ref.eced_gain(model, [], 1) > 0.01

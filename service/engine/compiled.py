@@ -216,6 +216,28 @@ class CompiledInstance:
         padded.setflags(write=False)
         return padded
 
+    @cached_property
+    def largest_likelihood_ratios(self) -> np.ndarray:
+        """(N, ℓ): max over every hypothesis θ of λ(θ, t, x) = P(X_t = x | θ) / max_x′ P(X_t = x′ | θ),
+        each likelihood divided by the largest of its test (1 where some hypothesis gives x for
+        sure on a deterministic instance, else 0): the offset of ECED (statistics.py). Built on
+        first use; :attr:`derived_nbytes` counts it."""
+        if self.outcomes is not None:
+            given = np.zeros((self.n_tests, self.max_outcomes))
+            for k in range(self.max_outcomes):
+                given[:, k] = (self.outcomes == k).any(axis=0)
+            largest = given
+        else:
+            largest = np.zeros((self.max_outcomes, self.n_tests))
+            by_outcome = self.likelihood_by_outcome
+            step = max(1, (1 << 17) // (self.n_tests * self.max_outcomes))
+            for start in range(0, self.n_hypotheses, step):
+                cells = by_outcome[start:start + step]
+                np.maximum(largest, (cells / cells.max(axis=1, keepdims=True)).max(axis=0), out=largest)
+            largest = np.ascontiguousarray(largest.T)
+        largest.setflags(write=False)
+        return largest
+
     @property
     def uses_padded_answers(self) -> bool:
         """Whether the dense pass over the whole version space reads :attr:`padded_answers`."""
@@ -234,10 +256,10 @@ class CompiledInstance:
     def derived_nbytes(self) -> int:
         """Bytes of what the engine derives from the instance and keeps on it (:attr:`outcome_bits`,
         :attr:`packed_outcomes`, :attr:`padded_answers`, :attr:`log_prior`, :attr:`class_runs`,
-        :attr:`arity`), counted whether built yet or not: a cache's budget must hold them from
-        the start."""
+        :attr:`arity`, :attr:`largest_likelihood_ratios`), counted whether built yet or not: a
+        cache's budget must hold them from the start."""
         n, n_tests = self.n_hypotheses, self.n_tests
-        derived = 24 * n + 8 * n_tests
+        derived = 24 * n + 8 * n_tests + 8 * n_tests * self.max_outcomes
         if self.uses_padded_answers:
             runs = self.class_runs
             derived += 8 * runs.count * runs.longest * self.max_outcomes * n_tests

@@ -103,6 +103,32 @@ def uncertainty_gain(stats: OutcomeStats) -> np.ndarray:
     return -xlog2x(stats.p).sum(axis=1)
 
 
+def eced_gain(stats: OutcomeStats) -> np.ndarray:
+    """ECED, equivalence class edge discounting (Chen, Hassani & Krause, AISTATS 2017).
+
+    Root causes θ (the hypotheses) in equivalence classes y (the classes); an edge joins every
+    two root causes of different classes, E = {{θ, θ′} : y(θ) ≠ y(θ′)}, weighted by
+    w_ψ({θ, θ′}) = P(θ, ψ)·P(θ′, ψ) after the observations ψ. An outcome x of test e discounts
+    an edge instead of cutting it, by λ_{θ,x}·λ_{θ′,x} with λ_{θ,x} = P(X_e = x | θ) / max_x′
+    P(X_e = x′ | θ), and the offset removes the discount noise alone would give:
+
+        Δ_ECED(e | ψ) = Σ_x P(x | ψ) [δ_BS(e, x) − δ_OFFSET(e, x)],
+        δ_BS(e, x) = Σ_{{θ,θ′} ∈ E} w_ψ({θ, θ′}) (1 − λ_{θ,x} λ_{θ′,x}),
+        δ_OFFSET(e, x) = Σ_{{θ,θ′} ∈ E} w_ψ({θ, θ′}) (1 − max_θ″ λ²_{θ″,x}),
+
+    the max over every hypothesis of the instance. Each edge gains w_ψ(max λ² − λλ′) ≥ 0, and a
+    test that every root cause answers alike gains 0. With a(h) the normalised masses, sums over
+    E are the fast form of EC² (no O(n²) edge list): Σ_E w = ½(1 − Σ_i b_i²) and
+    Σ_E w λλ′ = ½[(Σ_h a λ)² − Σ_i (Σ_{h ∈ H_i} a λ)²] (:class:`~.statistics.LikelihoodRatioSums`),
+    so a step costs O(|V|·N·ℓ) time and O(N·ℓ) memory. On a deterministic instance λ is 0 or 1,
+    the offset is 0 wherever p(x) > 0, and Δ_ECED = Δ_EC."""
+    sums = stats.derived["likelihood_ratio_sums"]
+    remaining = 0.5 * (1.0 - np.dot(stats.b, stats.b))
+    discounted = 0.5 * (sums.ratio_mass * sums.ratio_mass - sums.ratio_sum_sq)
+    offset = sums.largest * sums.largest
+    return (stats.p * (offset * remaining - discounted)).sum(axis=1)
+
+
 def random_gain(stats: OutcomeStats) -> np.ndarray:
     """1 for every test whose outcome is still uncertain; the choice among them is seeded."""
     return ((stats.p > 1e-12).sum(axis=1) >= 2).astype(float)
@@ -178,6 +204,9 @@ POLICIES: dict[str, Policy] = {
         Policy("effecxtive", effecxtive_gain,
                summary="EffECXtive: expected gain in Σ P(class)² (Rényi-2), per unit cost",
                statistics=frozenset({"sum_sq"})),
+        Policy("eced", eced_gain, score_power=2,
+               summary="ECED: expected weight of edges between classes discounted by the likelihoods, per unit cost",
+               statistics=frozenset({"likelihood_ratio_sums"})),
         Policy("gbs", gbs_gain, score_power=1,
                summary="generalised binary search: expected reduction of version-space mass"),
         Policy("infogain", infogain_gain,

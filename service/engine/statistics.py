@@ -60,12 +60,96 @@ def _region_sums(belief: Belief, reductions: OutcomeStats | None) -> PowerSums:
     return power_sums(belief, region_sets(belief.instance, False), 2)
 
 
+class LikelihoodRatioSums(NamedTuple):
+    """ECED's reductions, per test t and outcome x ((N, ℓ) arrays), with the likelihoods divided
+    by the largest of their test, λ(h, t, x) = P(X_t = x | h) / max_x′ P(X_t = x′ | h), and
+    a(h) = w(h)/M:
+
+    * ``p`` = Σ_h a(h) P(X_t = x | h), the outcome distribution;
+    * ``ratio_mass`` = Σ_h a(h) λ(h, t, x), and ``ratio_sum_sq`` = Σ_i (Σ_{h ∈ H_i} a(h) λ(h, t, x))²
+      over the classes i: the weight of the edges between classes after discounting by λ is
+      ½(ratio_mass² − ratio_sum_sq);
+    * ``largest`` = max over every hypothesis θ of λ(θ, t, x) (a property of the instance).
+
+    On a deterministic instance λ = P(X_t = x | h) ∈ {0, 1}: the masses α themselves."""
+
+    p: np.ndarray
+    ratio_mass: np.ndarray
+    ratio_sum_sq: np.ndarray
+    largest: np.ndarray
+
+
+_RATIO_BLOCK_CELLS = 1 << 17  # numbers per block of rows: the block and its ratios stay in cache
+
+
+def _likelihood_ratio_sums(belief: Belief, reductions: OutcomeStats | None) -> LikelihoodRatioSums:
+    """One pass over the alive rows in blocks: per block the ratios λ = L / max_x L (in cache),
+    then p and Σ a λ by GEMVs; Σ_i (Σ_{h ∈ H_i} a λ)² by a GEMV of a² against λ² for a block of
+    singleton classes, else by summing the block's rows per class (a class cut by the block's end
+    carried into the next). O(|V|·N·ℓ) time, O(N·ℓ) memory beyond the block."""
+    inst = belief.instance
+    if inst.outcomes is not None:
+        return LikelihoodRatioSums(reductions.p, reductions.p, reductions.sum_sq, inst.largest_likelihood_ratios)
+    n_tests, width = inst.n_tests, inst.max_outcomes
+    total = belief.total_mass
+    weight = belief.mass if total == 1.0 else belief.mass / total
+    alive = belief.alive
+    full = alive.size == inst.n_hypotheses
+    classes = inst.class_index if full else inst.class_index[alive]
+    by_outcome = inst.likelihood_by_outcome
+    p, ratio_mass, ratio_sum_sq = (np.zeros(width * n_tests) for _ in range(3))
+    block_rows = max(1, _RATIO_BLOCK_CELLS // (n_tests * width))
+    ratios = np.empty((min(block_rows, alive.size), width, n_tests))
+    carried, carried_class = None, -1  # the running sum of a class cut by the end of a block
+    for start in range(0, alive.size, block_rows):
+        stop = min(alive.size, start + block_rows)
+        rows = slice(start, stop) if full else alive[start:stop]
+        cells = by_outcome[rows]
+        w = weight[start:stop]
+        p += w @ cells.reshape(stop - start, -1)
+        block = np.divide(cells, cells.max(axis=1, keepdims=True), out=ratios[: stop - start])
+        flat = block.reshape(stop - start, -1)
+        ratio_mass += w @ flat
+        block_classes = classes[start:stop]
+        firsts = np.concatenate(([0], np.flatnonzero(block_classes[1:] != block_classes[:-1]) + 1))
+        if carried is not None and block_classes[0] != carried_class:
+            ratio_sum_sq += carried * carried
+            carried = None
+        if firsts.size == stop - start and carried is None and (
+                stop == alive.size or classes[stop] != block_classes[-1]):
+            np.square(flat, out=flat)
+            ratio_sum_sq += (w * w) @ flat  # singleton classes: Σ_h a² λ²
+            continue
+        per_class = np.add.reduceat(w[:, None] * flat, firsts, axis=0)
+        if carried is not None:
+            per_class[0] += carried
+        if stop < alive.size and classes[stop] == block_classes[-1]:
+            carried, carried_class = per_class[-1].copy(), block_classes[-1]
+            per_class = per_class[:-1]
+        else:
+            carried = None
+        ratio_sum_sq += np.einsum("cj,cj->j", per_class, per_class)
+    if carried is not None:
+        ratio_sum_sq += carried * carried
+    ratio_mass, ratio_sum_sq = (s.reshape(width, n_tests).T for s in (ratio_mass, ratio_sum_sq))
+    # 0 ≤ Σ_i (Σ a λ)² ≤ (Σ a λ)² exactly; round-off must not make the discounted weight negative.
+    np.clip(ratio_sum_sq, 0.0, ratio_mass * ratio_mass, out=ratio_sum_sq)
+    return LikelihoodRatioSums(p.reshape(width, n_tests).T, ratio_mass, ratio_sum_sq, inst.largest_likelihood_ratios)
+
+
+def _ratio_reductions(inst: CompiledInstance) -> frozenset[str]:
+    # On deterministic instances λ is the one-hot answer: the pass over α gives everything.
+    return frozenset({"sum_sq"}) if inst.outcomes is not None else frozenset()
+
+
 STATISTICS: dict[str, Statistic] = {
     statistic.name: statistic
     for statistic in (
         # p from the sums themselves: q_1 over V is Σ_h a(h) P(x | h, t).
         Statistic("hyperedge_sums", _hyperedge_sums, outcome_probabilities=lambda value: value.sums.after[0, 0]),
         Statistic("region_sums", _region_sums, outcome_probabilities=lambda value: value.after[0, 0]),
+        Statistic("likelihood_ratio_sums", _likelihood_ratio_sums, requires=_ratio_reductions,
+                  outcome_probabilities=lambda value: value.p),
     )
 }
 
