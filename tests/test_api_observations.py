@@ -12,7 +12,8 @@ from api_support import NOISY, QUAD, TRIAGE, Delegating, assert_problem, new_ses
 from schemas.api import SessionState, StepState
 from service import engine
 from service.app import create_app
-from service.sessions import _belief_bytes, _Step, _StepCache, _StepKey, _step_of
+from service.sessions.state import Step, step_of
+from service.sessions.steps import StepCache, StepKey, belief_bytes
 from tests.builders import compile_wire
 from service.store import StoreUnavailable, VersionConflict, create_store
 
@@ -307,12 +308,12 @@ def test_a_belief_over_an_eighth_of_the_step_cache_is_not_kept_but_its_step_is()
     wide = {"tests": [{"id": "t", "outcomes": ["0", "1"]}], "classes": [f"c{i}" for i in range(n)],
             "matrix": [[i % 2] for i in range(n)]}
     belief = engine.observe(compile_wire(wide), [])
-    held = _belief_bytes(belief)
+    held = belief_bytes(belief)
     assert held >= 8 * n  # its arrays over the alive rows
-    key = _StepKey("i" * 64, "ec2", engine.StopRules(), None, (), 1, ())
-    step = _Step(b'"done":false', np.full(1, np.nan), False, None, ())
+    key = StepKey("i" * 64, "ec2", engine.StopRules(), None, (), 1, ())
+    step = Step(b'"done":false', np.full(1, np.nan), False, None, ())
     for budget, kept in ((8 * held - 8, False), (100 * held, True)):
-        cache = _StepCache(max_bytes=budget)
+        cache = StepCache(max_bytes=budget)
         cache.put(key, step, belief)
         assert cache.get(key) is step
         assert (cache.computed(key)[1] is belief) == kept
@@ -344,8 +345,8 @@ def test_a_step_writes_the_history_of_the_step_before_it_once_and_the_same_bytes
     for j in range(len(observations) + 1):
         belief = engine.observe(inst, observations[:j], None if previous is None else previous[1])
         decision = engine.decide(belief, policy)
-        step = _step_of(inst, "effecxtive", decision, previous)
-        assert step.fields == _step_of(inst, "effecxtive", decision).fields
+        step = step_of(inst, "effecxtive", decision, previous)
+        assert step.fields == step_of(inst, "effecxtive", decision).fields
         if j:
             test, outcome = labelled[j - 1]
             cost = {"a": 1.5, "b": 0.25, "c": 2.0, "d": 1.0}[test]
@@ -361,13 +362,13 @@ def test_a_step_writes_the_history_of_the_step_before_it_once_and_the_same_bytes
 def test_a_step_keys_bytes_bound_its_labels_and_observations_from_above():
     import sys
 
-    from service.sessions import KEY_BYTES, OBSERVATION_BYTES, _key_bytes
+    from service.sessions.steps import KEY_BYTES, OBSERVATION_BYTES, key_bytes
 
     inst = compile_wire({"tests": [{"id": "t", "outcomes": ["no", "yes"]},
                                    {"id": "a much longer test id é", "outcomes": ["0", "a long outcome label"]}],
                          "classes": ["X", "Y"], "matrix": [[0, 0], [1, 1]]})
     observations = (("t", "yes"), ("a much longer test id é", "a long outcome label"), ("t", None))
-    key = _StepKey("i" * 64, "ec2", engine.StopRules(), None, ("a much longer test id é",), 1, observations)
+    key = StepKey("i" * 64, "ec2", engine.StopRules(), None, ("a much longer test id é",), 1, observations)
     held = (sum(sys.getsizeof(label) for pair in observations for label in pair)
             + sys.getsizeof("a much longer test id é") + OBSERVATION_BYTES * len(observations) + KEY_BYTES)
-    assert _key_bytes(key, inst) >= held
+    assert key_bytes(key, inst) >= held

@@ -154,7 +154,7 @@ def test_the_step_cache_is_bounded_by_bytes():
     while not state["done"]:
         state = sessions.observe(state["session_id"], [(state["next_test"]["id"], "0")]).state
         steps += 1
-    cache = sessions._steps
+    cache = sessions.steps.cache
     assert 0 < cache.nbytes <= budget
     assert len(cache) < steps  # long histories pushed the early steps out
     largest_json = len(orjson.dumps(state))

@@ -1,0 +1,172 @@
+"""The session domain: a stored :class:`SessionRecord` plus its :class:`CompiledInstance` in,
+the wire state out. HTTP handlers parse, call one method here, and serialise.
+
+A session stores only facts — the observations by label, in order (answers, and skips) — and
+everything else (the version space, the class posterior, the next tests) is recomputed from them
+by the engine, so any worker can serve any session, a replayed observation is naturally a no-op,
+and a corrected or withdrawn observation simply changes the facts the state is computed from.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Sequence
+
+from schemas.api import InstanceList, InstanceSummary, ObservationCorrection, SelectRequest, SessionCreate, StepConfig
+from schemas.instance import Instance
+from service import engine
+from service.errors import InstanceNotFound, PreconditionFailed, SessionNotFound, UnknownTests
+from service.metrics import SESSIONS_CREATED
+from service.store import DEFAULT_TENANT, SessionRecord, SessionStore
+
+from .commit import Writer
+from .corrections import Correct, Withdraw
+from .idempotency import replay
+from .observations import Observe, labels_of
+from .records import instance_of_session, session_record
+from .state import SessionResult, instance_summary, listing_item, step_json
+from .steps import Steps, step_key
+
+# Session ids carry 144 random bits (at least 128 are asked for).
+SESSION_ID_BYTES = 18
+
+
+class Sessions:
+    """Instances and sessions over one :class:`SessionStore`."""
+
+    def __init__(self, store: SessionStore, *, session_ttl: int, max_cells: int,
+                 max_compiled_bytes: int, step_cache_bytes: int = 64 * 1024 * 1024,
+                 clock: Callable[[], float] = time.time):
+        self.store = store
+        self.session_ttl = session_ttl
+        self.max_cells = max_cells
+        self.max_compiled_bytes = max_compiled_bytes
+        self.clock = clock
+        self.steps = Steps(step_cache_bytes)
+        self.writer = Writer(store, self.steps, session_ttl, clock)
+
+    # --- instances ----------------------------------------------------------------------
+
+    def compile(self, instance: Instance) -> engine.CompiledInstance:
+        return engine.compile_instance(instance, max_cells=self.max_cells, max_bytes=self.max_compiled_bytes)
+
+    def register_instance(self, instance: Instance, tenant: str = DEFAULT_TENANT) -> tuple[InstanceSummary, bool]:
+        """Compile and store under the content hash; True when it was not stored before."""
+        compiled = self.compile(instance)
+        created = self.store.put_instance(compiled, tenant)
+        return instance_summary(compiled), created
+
+    def instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> engine.CompiledInstance:
+        compiled = self.store.get_instance(instance_id, tenant)
+        if compiled is None:
+            raise InstanceNotFound(f"no instance '{instance_id}' (unknown, or expired)")
+        return compiled
+
+    def list_instances(self, tenant: str = DEFAULT_TENANT, limit: int = 50, cursor: str | None = None) -> InstanceList:
+        items, next_cursor = self.store.list_instances(tenant, limit, cursor)
+        return InstanceList(items=[listing_item(item) for item in items], next_cursor=next_cursor)
+
+    def delete_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> None:
+        """Delete the instance; its sessions then answer 410 instance-gone. A retried delete of
+        an instance already deleted succeeds again (its deletion is remembered for its TTL)."""
+        if not self.store.delete_instance(instance_id, tenant) and not self.store.instance_deleted(instance_id, tenant):
+            raise InstanceNotFound(f"no instance '{instance_id}' (unknown, or expired)")
+
+    def _instance_of(self, config: StepConfig, tenant: str) -> engine.CompiledInstance:
+        """The instance a request names, or compiles the one it carries (not stored here)."""
+        if config.instance is None:
+            return self.instance(config.instance_id, tenant)  # type: ignore[arg-type]
+        return self.compile(config.instance)
+
+    # --- sessions -----------------------------------------------------------------------
+
+    def create(self, request: SessionCreate, idempotency_key: str | None = None,
+               tenant: str = DEFAULT_TENANT, explain: bool = False) -> SessionResult:
+        # The inline instance is stored only once the request has passed every check (an unknown
+        # policy must leave nothing behind).
+        compiled = self._instance_of(request, tenant)
+        policy = engine.resolve_policy(compiled, request.policy).name
+        excluded = checked_exclusions(compiled, request)
+        engine.check_batch(compiled, request.batch_size)
+        now = self.clock()
+        record = SessionRecord(
+            session_id=secrets.token_urlsafe(SESSION_ID_BYTES), instance_id=compiled.content_hash,
+            policy=policy, max_tests=request.max_tests,
+            max_cost=None if request.max_cost is None else float(request.max_cost),
+            confidence=None if request.confidence is None else float(request.confidence),
+            max_expected_loss=None if request.max_expected_loss is None else float(request.max_expected_loss),
+            seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
+            exclude_tests=excluded, batch_size=request.batch_size,
+        )
+        state = self.writer.state(record, compiled, explain)  # before storing: nothing is kept on failure
+        if idempotency_key is not None:
+            bound = self.store.idempotency_binding(idempotency_key, tenant)
+            if bound is not None:  # a retry, or a reuse: answered without writing anything
+                return replay(self.writer, bound, record, explain)
+        if request.instance is not None:
+            self.store.put_instance(compiled, tenant)
+        self.store.create_session(record)
+        if idempotency_key is not None:
+            bound = self.store.claim_idempotency_key(idempotency_key, record.session_id, tenant)
+            if bound is not None:
+                # A concurrent first use of the key won the claim. Drop ours and answer with that one.
+                self.store.delete_session(record.session_id, tenant)
+                return replay(self.writer, bound, record, explain)
+        SESSIONS_CREATED.inc()
+        return SessionResult(state, record.version, created=True)
+
+    def get(self, session_id: str, tenant: str = DEFAULT_TENANT, explain: bool = False) -> SessionResult:
+        record = session_record(self.store, session_id, tenant)
+        return SessionResult(self.writer.state(record, instance_of_session(self.store, record), explain),
+                             record.version)
+
+    def delete(self, session_id: str, tenant: str = DEFAULT_TENANT,
+               if_match: Callable[[int], bool] | None = None) -> None:
+        if if_match is not None:
+            # Not atomic with the delete (the contract has no conditional delete); a delete racing
+            # a write still removes the session, which is what the client asked for.
+            if not if_match(session_record(self.store, session_id, tenant).version):
+                raise PreconditionFailed("If-Match does not name the session's current version")
+        if not self.store.delete_session(session_id, tenant):
+            raise SessionNotFound(f"no session '{session_id}' (unknown, expired or deleted)")
+
+    def observe(self, session_id: str, labelled: Sequence[tuple[str, str | None]], tenant: str = DEFAULT_TENANT,
+                if_match: Callable[[int], bool] | None = None, explain: bool = False) -> SessionResult:
+        """Record observations (answers and skips) in order, all or nothing (:class:`Observe`)."""
+        return self.writer.update(session_id, tenant, Observe(self.steps, labelled, if_match), explain)
+
+    def correct(self, session_id: str, test: str, correction: ObservationCorrection, occurrence: int | None = None,
+                tenant: str = DEFAULT_TENANT, if_match: Callable[[int], bool] | None = None,
+                explain: bool = False) -> SessionResult:
+        """Replace a recorded observation of ``test`` by another outcome, or by a skip (:class:`Correct`)."""
+        return self.writer.update(session_id, tenant, Correct(test, correction, occurrence, if_match), explain)
+
+    def withdraw(self, session_id: str, test: str, occurrence: int | None = None, tenant: str = DEFAULT_TENANT,
+                 if_match: Callable[[int], bool] | None = None, explain: bool = False) -> SessionResult:
+        """Remove a recorded observation of ``test`` (:class:`Withdraw`)."""
+        return self.writer.update(session_id, tenant, Withdraw(test, occurrence, if_match), explain)
+
+    def select(self, request: SelectRequest, tenant: str = DEFAULT_TENANT, explain: bool = False) -> bytes:
+        """The step for observations the client keeps itself, as JSON; nothing is stored."""
+        compiled = self._instance_of(request, tenant)
+        policy = engine.resolve_policy(compiled, request.policy).name
+        excluded = checked_exclusions(compiled, request)
+        engine.check_batch(compiled, request.batch_size)
+        parsed = engine.parse_observations(compiled, request.labelled())
+        observations = tuple(labels_of(compiled, t, k) for t, k in parsed)
+        rules = engine.StopRules(request.max_tests, None if request.max_cost is None else float(request.max_cost),
+                                 None if request.confidence is None else float(request.confidence),
+                                 None if request.max_expected_loss is None else float(request.max_expected_loss))
+        key = step_key(compiled, policy, rules, request.seed, observations, excluded, request.batch_size)
+        return step_json(self.steps.compute(compiled, key), compiled, explain)
+
+
+def checked_exclusions(compiled: engine.CompiledInstance, config: StepConfig) -> tuple[str, ...]:
+    """``exclude_tests`` as canonical ids, first mention first; unknown ids are refused with
+    their paths."""
+    unknown = [{"path": f"exclude_tests[{i}]", "message": f"unknown test '{test}'"}
+               for i, test in enumerate(config.exclude_tests) if test not in compiled.test_index]
+    if unknown:
+        raise UnknownTests(f"exclude_tests names {len(unknown)} test(s) the instance does not have", unknown)
+    return tuple(dict.fromkeys(config.exclude_tests))

@@ -1,0 +1,159 @@
+"""Computing a session's steps, and the per-process cache that keeps them.
+
+A step is the engine's decision after some observations, rendered as JSON (state.py). It depends
+only on what :class:`StepKey` holds, so any worker computes the same step from the same facts.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from service import engine
+from service.metrics import SELECTION_SECONDS
+from service.store import SessionRecord
+from service.store.cache import ByteBoundedLRU
+
+from .state import Computed, Step, step_of
+
+# Observations by label; the outcome of a skipped test is None.
+Labelled = tuple[tuple[str, str | None], ...]
+
+# Estimates from above of CPython's objects (64-bit): a 2-tuple of one observation and its slot
+# in the tuple of all of them, and a key's members but its labels (the rules, the tuples, the
+# hash string).
+OBSERVATION_BYTES = 72
+KEY_BYTES = 1024
+
+
+class StepKey(NamedTuple):
+    """Everything a step depends on."""
+
+    instance: str  # content hash
+    policy: str
+    rules: engine.StopRules
+    seed: int | None  # None when the policy does not draw from it
+    excluded: tuple[str, ...]
+    batch_size: int
+    observations: Labelled
+
+
+def step_key(compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
+             observations: Labelled, excluded: tuple[str, ...], batch_size: int) -> StepKey:
+    # Sessions that differ in their seed alone share their steps, unless the policy draws from it.
+    seeded = engine.resolve_policy(compiled, policy).seeded
+    return StepKey(compiled.content_hash, policy, rules, seed if seeded else None, excluded, batch_size, observations)
+
+
+def session_key(record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> StepKey:
+    """The key of the step after ``observations`` in ``record``'s session."""
+    rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss)
+    return step_key(compiled, record.policy, rules, record.seed, observations, record.exclude_tests,
+                    record.batch_size)
+
+
+def key_bytes(key: StepKey, compiled: engine.CompiledInstance) -> int:
+    """A step cache key's bytes, from above: every label as large as the instance's largest of
+    its kind (a key's labels are the instance's test ids and outcome labels, or equal strings),
+    counted in full though the keys of one session's steps share those of their common
+    observations."""
+    test_bytes, outcome_bytes = compiled.largest_label_bytes
+    return (KEY_BYTES + (OBSERVATION_BYTES + test_bytes + outcome_bytes) * len(key.observations)
+            + test_bytes * len(key.excluded))
+
+
+def belief_bytes(belief: engine.Belief) -> int:
+    arrays = {id(a): a for a in (belief.alive, belief.mass, belief.support, belief.log_posterior) if a is not None}
+    return sum(a.nbytes for a in arrays.values())
+
+
+class _Entry(NamedTuple):
+    step: Step
+    belief: engine.Belief | None  # None when not kept (see StepCache)
+    nbytes: int
+
+
+class StepCache(ByteBoundedLRU):
+    """A small per-process LRU of computed steps keyed by everything a step depends on
+    (instance, policy, stop rules, the seed where the policy draws from it, observations). A POST
+    of an observation needs the step before it (is the session done?) and after it; the one
+    before is usually the step this worker answered last time, so it is not computed twice, and
+    its belief is carried forward to compute the one after (a pass over the survivors, not over
+    every row).
+
+    Bounded by the bytes its entries hold, not their number: keys (:func:`key_bytes`), steps
+    (:attr:`Step.nbytes`; a step of a long session carries its whole history) and the beliefs
+    kept to carry forward (their arrays). A belief over an eighth of the budget is not kept (its
+    step is): it would push out many steps to save one pass."""
+
+    def get(self, key: StepKey) -> Step | None:
+        entry = self._lookup(key)
+        return None if entry is None else entry.step
+
+    def computed(self, key: StepKey) -> Computed | None:
+        """The step and the belief it was computed from (None when not kept), without touching
+        the order of eviction."""
+        entry = self._peek(key)
+        return None if entry is None else (entry.step, entry.belief)
+
+    def put(self, key: StepKey, step: Step, belief: engine.Belief) -> None:
+        size = key_bytes(key, belief.instance) + step.nbytes
+        held = belief_bytes(belief)
+        if held > self.max_bytes // 8:
+            belief, held = None, 0
+        if size + held <= self.max_bytes:  # else nothing changes, not even an entry of this key
+            self._keep(key, _Entry(step, belief, size + held))
+
+
+class Observed(NamedTuple):
+    """The belief after a key's observations, and the step before them when this worker has it."""
+
+    belief: engine.Belief
+    previous: Computed | None
+
+
+class Steps:
+    """The steps of sessions and of stateless selects, computed once per worker while cached."""
+
+    def __init__(self, cache_bytes: int):
+        self.cache = StepCache(cache_bytes)
+
+    def get(self, key: StepKey) -> Step | None:
+        return self.cache.get(key)
+
+    def of_session(self, record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> Step:
+        """The step after ``observations`` in ``record``'s session."""
+        return self.compute(compiled, session_key(record, compiled, observations))
+
+    def compute(self, compiled: engine.CompiledInstance, key: StepKey, observed: Observed | None = None) -> Step:
+        """The step ``key`` names (``observed``: its belief, from :meth:`observe`, given by a caller
+        that found no step under ``key``)."""
+        step = self.cache.get(key) if observed is None else None
+        if step is None:
+            with SELECTION_SECONDS.time():
+                if observed is None:
+                    observed = self.observe(compiled, key)
+                excluded_mask = None
+                if key.excluded:
+                    excluded_mask = np.zeros(compiled.n_tests, dtype=bool)
+                    excluded_mask[[compiled.test_index[t] for t in key.excluded]] = True
+                # The key holds the seed whenever the policy draws from it.
+                decision = engine.decide(observed.belief, engine.resolve_policy(compiled, key.policy), key.rules,
+                                         key.seed or 0, excluded_mask, key.batch_size)
+            step = step_of(compiled, key.policy, decision, observed.previous)
+            self.cache.put(key, step, observed.belief)
+        return step
+
+    def observe(self, compiled: engine.CompiledInstance, key: StepKey) -> Observed:
+        """The belief after the key's observations, carried forward from the step before when this
+        worker computed it, and that step; raises InconsistentObservation when they leave no
+        hypothesis alive."""
+        observations = key.observations
+        previous = self.cache.computed(StepKey(*key[:-1], observations[:-1])) if observations else None
+        before = None if previous is None else previous[1]
+        if before is None:
+            parsed = engine.parse_observations(compiled, observations)
+        else:  # its belief's observations are the parse of all but the last
+            parsed = engine.parse_observations(compiled, observations[-1:], before.observations, len(observations) - 1)
+        return Observed(engine.observe(compiled, parsed, before), previous)
