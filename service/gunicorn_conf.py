@@ -7,8 +7,10 @@
   (service/worker.py), so a stalled upload never holds a thread.
 * With the in-memory store (``REDIS_URL`` unset) sessions live in one process, so exactly one
   worker runs, whatever was asked.
-* Workers are recycled after ``max_requests`` (± jitter, so they do not all restart at once) and
-  given ``graceful_timeout`` to finish in-flight requests on shutdown or reload.
+* With Redis, workers are recycled after ``max_requests`` (± jitter, so they do not all restart at
+  once). With the in-memory store never, whatever a flag says: the store lives in the worker, and
+  a recycled worker would take every instance and session with it. Workers get
+  ``graceful_timeout`` to finish in-flight requests on shutdown or reload.
 * One BLAS thread per worker thread (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``,
   ``MKL_NUM_THREADS`` default to 1; the environment overrides): the workers' processes and
   threads already use every core, and a BLAS pool per process spinning on the same cores made a
@@ -47,8 +49,8 @@ threads = settings.web_threads
 timeout = 30
 graceful_timeout = 20
 keepalive = 5
-max_requests = 20_000
-max_requests_jitter = 2_000
+max_requests = 0 if settings.uses_memory_store else 20_000
+max_requests_jitter = 0 if settings.uses_memory_store else 2_000
 loglevel = settings.log_level.lower()
 # gunicorn's lines and the app's in one format on stderr; the app writes the access log itself
 # (it knows the request id and tenant), so gunicorn's stays off.
@@ -82,11 +84,23 @@ os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
 Path(_metrics_dir).mkdir(parents=True, exist_ok=True)
 
 
-def on_starting(server) -> None:
-    if settings.uses_memory_store and server.num_workers != 1:
+def _one_lasting_worker_for_the_memory_store(server) -> None:
+    """The in-memory store lives in the worker: one worker, never recycled, whatever the flags or
+    ``GUNICORN_CMD_ARGS`` asked (they override this file)."""
+    if not settings.uses_memory_store:
+        return
+    if server.num_workers != 1:
         server.log.warning("in-memory store (REDIS_URL is unset): running exactly one worker instead of %d",
                            server.num_workers)
         server.num_workers = 1
+    if server.cfg.max_requests:
+        server.log.warning("in-memory store (REDIS_URL is unset): the worker is never recycled "
+                           "(max_requests %d ignored)", server.cfg.max_requests)
+        server.cfg.set("max_requests", 0)
+
+
+def on_starting(server) -> None:
+    _one_lasting_worker_for_the_memory_store(server)
     # Samples of a previous run would be summed into this one's.
     for stale in Path(_metrics_dir).glob("*.db"):
         stale.unlink()
