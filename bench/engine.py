@@ -4,6 +4,7 @@ side by side in paired rounds, single-threaded.
     python3 bench/engine.py            # the tables in docs/engine.md
     python3 bench/engine.py --quick    # fair floors, the bit planes' one-off cost, the late-session step
     python3 bench/engine.py --all      # also effecxtive at (1e5, 1e3, 4-ary): 3.2 GB of likelihoods
+    python3 bench/engine.py --policies # every likelihood policy's step against effecxtive's
 
 Everything runs on one thread: BLAS is limited to one thread (``OPENBLAS_NUM_THREADS`` and
 friends, set here before numpy loads) and the engine's own two-thread split of big batches is
@@ -68,7 +69,10 @@ GOALS = {  # (policy, n, N, ℓ, classes) -> milliseconds (issue 2; C = n: every
     ("effecxtive", 10_000, 1_000, 2, "n"): 30.0,
     ("effecxtive", 10_000, 1_000, 4, "n"): 30.0,
 }
-RATIO_GOAL = 1.5  # × the fair floor (issue 15)
+RATIO_GOAL = 1.5  # × the fair floor
+# Every likelihood policy's step against effecxtive's on a many-class phenotype-sized instance.
+POLICY_SHAPE = (1_500, 1_000, 2)
+POLICY_RATIO_GOAL = 1.5
 LATE_GOAL_MS = 1.0
 
 
@@ -327,18 +331,81 @@ def reference_speedup(rounds: int) -> None:
           f"speed-up ×{reference_ms / engine_ms:,.0f}")
 
 
+def phenotype_like(n_classes: int, seed: int = 0) -> engine.CompiledInstance:
+    """n × N binary likelihoods shaped like a rare-disease phenotype table (most cells at a 0.01
+    background, a few per row between 0.1 and 0.99), uniform prior; ``n_classes`` nonempty
+    classes of one or a few hypotheses each (C = n: every hypothesis its own class)."""
+    n, n_tests, _ = POLICY_SHAPE
+    rng = np.random.default_rng(seed)
+    present = np.full((n, n_tests), 0.01)
+    hits = rng.random((n, n_tests)) < 0.02
+    present[hits] = rng.uniform(0.1, 0.99, size=int(hits.sum()))
+    by_outcome = np.stack((1.0 - present, present), axis=1)  # (n, ℓ, N)
+    class_index = np.sort(np.concatenate((np.arange(n_classes), rng.integers(0, n_classes, n - n_classes))))
+    return engine.CompiledInstance(
+        test_ids=tuple(f"t{j}" for j in range(n_tests)),
+        outcome_labels=(("no", "yes"),) * n_tests,
+        costs=np.ones(n_tests),
+        hypothesis_ids=tuple(f"h{i}" for i in range(n)),
+        class_labels=tuple(f"c{i}" for i in range(n_classes)),
+        class_index=class_index.astype(np.intp),
+        prior=np.full(n, 1.0 / n),
+        likelihood=by_outcome.transpose(0, 2, 1),
+    )
+
+
+def likelihood_policy_rows(rounds: int) -> None:
+    """Every policy that runs on likelihood instances, one step each in every round (the order
+    rotating), after three answers; the ratio is the median of the per-round ratios to the
+    effecxtive step of the same round."""
+    policies = sorted(name for name, policy in engine.POLICIES.items()
+                      if not (policy.deterministic_only or policy.decision or policy.seeded))
+    n, n_tests, arity = POLICY_SHAPE
+    print(f"\nEvery likelihood policy's step against effecxtive's, {n} × {n_tests} × {arity} "
+          f"(single-threaded; goal ≤ {POLICY_RATIO_GOAL}×)\n")
+    print("| classes | " + " | ".join(policies) + " |")
+    print("|---|" + "---:|" * len(policies))
+    with engine_split(False):
+        for n_classes in (n, 1_190):
+            inst = phenotype_like(n_classes)
+            observations = [(0, 1), (1, 0), (2, 0)]
+            times = {name: [] for name in policies}
+            for name in policies:  # warm: the instance's kept tables are not a step's cost
+                engine.next_step(inst, observations, name)
+            for i in range(rounds):
+                order = policies[i % len(policies):] + policies[:i % len(policies)]
+                for name in order:
+                    start = time.perf_counter()
+                    engine.next_step(inst, observations, name)
+                    times[name].append(time.perf_counter() - start)
+            cells = []
+            for name in policies:
+                ratio = statistics.median(a / b for a, b in zip(times[name], times["effecxtive"]))
+                mark = "" if ratio <= POLICY_RATIO_GOAL else " MISS"
+                cells.append(f"{1e3 * statistics.median(times[name]):.2f} ms, {ratio:.2f}×{mark}")
+            label = "C = n" if n_classes == n else f"C = {n_classes}"
+            print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="fair floors, the bit planes' one-off cost and the late-session step only")
     parser.add_argument("--all", action="store_true", help="also the 3.2 GB 4-ary likelihood instance")
+    parser.add_argument("--policies", action="store_true",
+                        help="only every likelihood policy's step against effecxtive's")
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
+    if args.policies:
+        print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, numpy {np.__version__}")
+        likelihood_policy_rows(3 * args.rounds)
+        return
 
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, numpy {np.__version__}\n")
     fair_floor_rows(args.rounds)
     first_use_rows()
     late_session_rows(args.rounds)
+    likelihood_policy_rows(3 * args.rounds)
     if not args.quick:
         split_rows(args.rounds, args.all)
         size_rows(args.rounds, args.all)

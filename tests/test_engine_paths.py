@@ -178,8 +178,10 @@ def test_derived_bytes_cover_what_the_engine_keeps_on_an_instance_and_the_cache_
         inst = random_instance(rng, kind, False, n=37, n_tests=6)
         counted_before = resident_bytes(inst)
         engine.next_step(inst, [])
-        kept = [inst.log_prior, inst.arity, inst.class_runs.run, inst.class_runs.slot]
-        kept += [a for a in (inst.outcome_bits, inst.packed_outcomes) if a is not None]
+        for policy in ("eced", "infogain"):
+            engine.next_step(inst, [], policy)
+        kept = [inst.log_prior, inst.arity, inst.class_runs.run, inst.class_runs.slot, inst.largest_likelihood_ratios]
+        kept += [a for a in (inst.outcome_bits, inst.packed_outcomes, inst.outcome_entropy) if a is not None]
         assert inst.derived_nbytes >= sum(a.nbytes for a in kept)
         assert resident_bytes(inst) == counted_before >= inst.nbytes + inst.derived_nbytes
 

@@ -678,3 +678,4 @@ def test_eced_gives_a_test_every_root_cause_answers_alike_nothing_however_noisy(
     decision = step(inst, policy="eced", max_tests=5)
     assert decision.next_test == 1 and abs(decision.scores[0]) <= 1e-15
     assert abs(ref.eced_gain(model, [], 0)) <= 1e-15 and ref.eced_gain(model, [], 1) > 0.01
+

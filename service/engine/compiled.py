@@ -217,6 +217,25 @@ class CompiledInstance:
         return padded
 
     @cached_property
+    def outcome_entropy(self) -> np.ndarray | None:
+        """(n, N): H(X_t | h) = −Σ_x P(x | h, t) log₂ P(x | h, t) in bits, None for deterministic
+        instances (0 everywhere): what infogain reads for hypotheses alone in their class
+        (statistics.py), so a step takes no logarithm of the tensor. Built on first use;
+        :attr:`derived_nbytes` counts it."""
+        if self.outcomes is not None:
+            return None
+        by_outcome = self.likelihood_by_outcome
+        entropy = np.empty((self.n_hypotheses, self.n_tests))
+        step = max(1, (1 << 17) // (self.n_tests * self.max_outcomes))
+        for start in range(0, self.n_hypotheses, step):
+            cells = by_outcome[start:start + step]
+            positive = cells > 0
+            logs = np.log2(np.where(positive, cells, 1.0))
+            entropy[start:start + step] = -(cells * logs).sum(axis=1)
+        entropy.setflags(write=False)
+        return entropy
+
+    @cached_property
     def largest_likelihood_ratios(self) -> np.ndarray:
         """(N, ℓ): max over every hypothesis θ of λ(θ, t, x) = P(X_t = x | θ) / max_x′ P(X_t = x′ | θ),
         each likelihood divided by the largest of its test (1 where some hypothesis gives x for
@@ -256,15 +275,15 @@ class CompiledInstance:
     def derived_nbytes(self) -> int:
         """Bytes of what the engine derives from the instance and keeps on it (:attr:`outcome_bits`,
         :attr:`packed_outcomes`, :attr:`padded_answers`, :attr:`log_prior`, :attr:`class_runs`,
-        :attr:`arity`, :attr:`largest_likelihood_ratios`), counted whether built yet or not: a
-        cache's budget must hold them from the start."""
+        :attr:`arity`, :attr:`largest_likelihood_ratios`, :attr:`outcome_entropy`), counted whether
+        built yet or not: a cache's budget must hold them from the start."""
         n, n_tests = self.n_hypotheses, self.n_tests
         derived = 24 * n + 8 * n_tests + 8 * n_tests * self.max_outcomes
         if self.uses_padded_answers:
             runs = self.class_runs
             derived += 8 * runs.count * runs.longest * self.max_outcomes * n_tests
         if self.outcomes is None:
-            return derived
+            return derived + 8 * n * n_tests
         if self.outcomes.dtype == np.uint8 and self.max_outcomes <= 2:
             derived += n * -(-n_tests // 8)
         if self.max_outcomes <= BIT_PLANE_MAX_OUTCOMES:

@@ -88,9 +88,11 @@ def gbs_gain(stats: OutcomeStats) -> np.ndarray:
 
 
 def infogain_gain(stats: OutcomeStats) -> np.ndarray:
-    """H(class) − E_x H(class | x) in bits = H(b) + Σ_{i,x} a log a − Σ_x p log p."""
+    """H(class) − E_x H(class | x) in bits = H(b) + Σ_{i,x} a log a − Σ_x p log p
+    (:class:`~.statistics.EntropySums`: O(|V|·N·ℓ), no logarithm of the tensor for a hypothesis
+    alone in its class)."""
     class_entropy = -xlog2x(stats.b).sum()
-    return class_entropy + stats.sum_xlogx.sum(axis=1) - xlog2x(stats.p).sum(axis=1)
+    return class_entropy + stats.derived["entropy_sums"].sum_xlogx - xlog2x(stats.p).sum(axis=1)
 
 
 def voi_gain(stats: OutcomeStats) -> np.ndarray:
@@ -211,7 +213,7 @@ POLICIES: dict[str, Policy] = {
                summary="generalised binary search: expected reduction of version-space mass"),
         Policy("infogain", infogain_gain,
                summary="information gain (bits) about the class",
-               statistics=frozenset({"sum_xlogx"})),
+               statistics=frozenset({"entropy_sums"})),
         Policy("voi", voi_gain,
                summary="value of information under 0-1 loss over classes",
                statistics=frozenset({"max"})),

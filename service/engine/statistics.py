@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from .belief import CLASS_REDUCTIONS, Belief, OutcomeStats, reduce_over_classes
+from .belief import CLASS_REDUCTIONS, Belief, OutcomeStats, reduce_over_classes, xlog2x
 from .compiled import CompiledInstance
 from .regions import PowerSums, power_sums, region_sets
 
@@ -79,67 +79,131 @@ class LikelihoodRatioSums(NamedTuple):
     largest: np.ndarray
 
 
-_RATIO_BLOCK_CELLS = 1 << 17  # numbers per block of rows: the block and its ratios stay in cache
+# Numbers per block of rows in the passes below: a block and what is computed from it stay in cache.
+_RATIO_BLOCK_CELLS = 1 << 17
+
+
+class _RowBlock(NamedTuple):
+    rows: slice | np.ndarray  # the block's rows of the instance
+    weight: np.ndarray  # (r,) a(h) = w(h)/M
+    cells: np.ndarray  # (r, ℓ, N) P(X_t = x | h)
+    classes: np.ndarray  # (r,) class of each row, in runs
+    alone: np.ndarray  # (r,) bool: the row is the only alive hypothesis of its class
+    continues: bool  # the block's last class goes on in the next block
+
+
+def _row_blocks(belief: Belief, block_cells: int):
+    """The alive rows of a likelihood belief, in blocks of about ``block_cells`` numbers."""
+    inst = belief.instance
+    alive = belief.alive
+    full = alive.size == inst.n_hypotheses
+    classes = inst.class_index if full else inst.class_index[alive]
+    changes = np.flatnonzero(classes[1:] != classes[:-1]) + 1
+    lengths = np.diff(np.concatenate(([0], changes, [alive.size])))
+    alone = np.repeat(lengths == 1, lengths)
+    total = belief.total_mass
+    weight = belief.mass if total == 1.0 else belief.mass / total
+    by_outcome = inst.likelihood_by_outcome
+    block_rows = max(1, block_cells // (inst.n_tests * inst.max_outcomes))
+    for start in range(0, alive.size, block_rows):
+        stop = min(alive.size, start + block_rows)
+        rows = slice(start, stop) if full else alive[start:stop]
+        yield _RowBlock(rows, weight[start:stop], by_outcome[rows], classes[start:stop], alone[start:stop],
+                        stop < alive.size and classes[stop] == classes[stop - 1])
+
+
+def _class_sums(values: np.ndarray, classes: np.ndarray, carried: np.ndarray | None,
+                continues: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Sums of the rows of ``values`` per class (the classes in runs): (the sums of the classes
+    that end here, the running sum of the last class when it ``continues`` in the next block).
+    ``carried``: the running sum of the first class, begun in the block before."""
+    firsts = np.concatenate(([0], np.flatnonzero(classes[1:] != classes[:-1]) + 1))
+    per_class = np.add.reduceat(values, firsts, axis=0)
+    if carried is not None:
+        per_class[0] += carried
+    if continues:
+        return per_class[:-1], per_class[-1].copy()
+    return per_class, None
 
 
 def _likelihood_ratio_sums(belief: Belief, reductions: OutcomeStats | None) -> LikelihoodRatioSums:
     """One pass over the alive rows in blocks: per block the ratios λ = L / max_x L (in cache),
-    then p and Σ a λ by GEMVs; Σ_i (Σ_{h ∈ H_i} a λ)² by a GEMV of a² against λ² for a block of
-    singleton classes, else by summing the block's rows per class (a class cut by the block's end
-    carried into the next). O(|V|·N·ℓ) time, O(N·ℓ) memory beyond the block."""
+    p and Σ a λ by GEMVs, and Σ_i (Σ_{h ∈ H_i} a λ)² by a GEMV of a² against λ² for the rows
+    alone in their class, by per-class sums for the others (a class cut by a block's end carried
+    into the next). O(|V|·N·ℓ) time, O(N·ℓ) memory beyond the block."""
     inst = belief.instance
     if inst.outcomes is not None:
         return LikelihoodRatioSums(reductions.p, reductions.p, reductions.sum_sq, inst.largest_likelihood_ratios)
     n_tests, width = inst.n_tests, inst.max_outcomes
-    total = belief.total_mass
-    weight = belief.mass if total == 1.0 else belief.mass / total
-    alive = belief.alive
-    full = alive.size == inst.n_hypotheses
-    classes = inst.class_index if full else inst.class_index[alive]
-    by_outcome = inst.likelihood_by_outcome
     p, ratio_mass, ratio_sum_sq = (np.zeros(width * n_tests) for _ in range(3))
-    block_rows = max(1, _RATIO_BLOCK_CELLS // (n_tests * width))
-    ratios = np.empty((min(block_rows, alive.size), width, n_tests))
-    carried, carried_class = None, -1  # the running sum of a class cut by the end of a block
-    for start in range(0, alive.size, block_rows):
-        stop = min(alive.size, start + block_rows)
-        rows = slice(start, stop) if full else alive[start:stop]
-        cells = by_outcome[rows]
-        w = weight[start:stop]
-        p += w @ cells.reshape(stop - start, -1)
-        block = np.divide(cells, cells.max(axis=1, keepdims=True), out=ratios[: stop - start])
-        flat = block.reshape(stop - start, -1)
-        ratio_mass += w @ flat
-        block_classes = classes[start:stop]
-        firsts = np.concatenate(([0], np.flatnonzero(block_classes[1:] != block_classes[:-1]) + 1))
-        if carried is not None and block_classes[0] != carried_class:
-            ratio_sum_sq += carried * carried
-            carried = None
-        if firsts.size == stop - start and carried is None and (
-                stop == alive.size or classes[stop] != block_classes[-1]):
-            np.square(flat, out=flat)
-            ratio_sum_sq += (w * w) @ flat  # singleton classes: Σ_h a² λ²
-            continue
-        per_class = np.add.reduceat(w[:, None] * flat, firsts, axis=0)
-        if carried is not None:
-            per_class[0] += carried
-        if stop < alive.size and classes[stop] == block_classes[-1]:
-            carried, carried_class = per_class[-1].copy(), block_classes[-1]
-            per_class = per_class[:-1]
-        else:
-            carried = None
-        ratio_sum_sq += np.einsum("cj,cj->j", per_class, per_class)
-    if carried is not None:
-        ratio_sum_sq += carried * carried
+    buffer, carried = None, None
+    for block in _row_blocks(belief, _RATIO_BLOCK_CELLS):
+        rows, w, cells = len(block.weight), block.weight, block.cells
+        if buffer is None:
+            buffer = np.empty(cells.shape)
+        p += w @ cells.reshape(rows, -1)
+        ratios = np.divide(cells, cells.max(axis=1, keepdims=True), out=buffer[:rows]).reshape(rows, -1)
+        ratio_mass += w @ ratios
+        together = ~block.alone
+        if together.any():
+            done, carried = _class_sums(w[together, None] * ratios[together], block.classes[together], carried,
+                                        block.continues)
+            ratio_sum_sq += np.einsum("cj,cj->j", done, done)
+            w = np.where(block.alone, w, 0.0)
+        np.square(ratios, out=ratios)
+        ratio_sum_sq += (w * w) @ ratios  # the rows alone in their class: Σ_h a² λ²
     ratio_mass, ratio_sum_sq = (s.reshape(width, n_tests).T for s in (ratio_mass, ratio_sum_sq))
     # 0 ≤ Σ_i (Σ a λ)² ≤ (Σ a λ)² exactly; round-off must not make the discounted weight negative.
     np.clip(ratio_sum_sq, 0.0, ratio_mass * ratio_mass, out=ratio_sum_sq)
     return LikelihoodRatioSums(p.reshape(width, n_tests).T, ratio_mass, ratio_sum_sq, inst.largest_likelihood_ratios)
 
 
+class EntropySums(NamedTuple):
+    """infogain's reductions: ``p`` (N, ℓ) and ``sum_xlogx`` (N,) = Σ_x Σ_i a(i, t, x) log₂ a(i, t, x)."""
+
+    p: np.ndarray
+    sum_xlogx: np.ndarray
+
+
+def _entropy_sums(belief: Belief, reductions: OutcomeStats | None) -> EntropySums:
+    """One pass over the alive rows in blocks, no logarithm of the tensor for a hypothesis alone
+    in its class: with a(h, x) = a(h)·P(x | h, t),
+
+        Σ_x a(h, x) log₂ a(h, x) = a(h) log₂ a(h)·Σ_x P(x | h, t) − a(h)·H(X_t | h),
+
+    a GEMV against the instance's table H(X_t | h) (:attr:`~.compiled.CompiledInstance.outcome_entropy`),
+    Σ_x P(x | h, t) being 1 (compile_instance normalises every row). The other classes sum their
+    rows first (a class cut by a block's end carried into the next) and take a log₂ a of the sums.
+    Deterministic instances: Σ_x of the reduction ``sum_xlogx`` of α."""
+    inst = belief.instance
+    if inst.outcomes is not None:
+        return EntropySums(reductions.p, reductions.sum_xlogx.sum(axis=1))
+    n_tests, width = inst.n_tests, inst.max_outcomes
+    entropy = inst.outcome_entropy
+    p, sum_xlogx = np.zeros(width * n_tests), np.zeros(n_tests)
+    carried = None
+    for block in _row_blocks(belief, _RATIO_BLOCK_CELLS):
+        rows, w = len(block.weight), block.weight
+        flat = block.cells.reshape(rows, -1)
+        p += w @ flat
+        together = ~block.alone
+        if together.any():
+            done, carried = _class_sums(w[together, None] * flat[together], block.classes[together], carried,
+                                        block.continues)
+            sum_xlogx += xlog2x(done).sum(axis=0).reshape(width, n_tests).sum(axis=0)
+            w = np.where(block.alone, w, 0.0)
+        sum_xlogx += xlog2x(w).sum() - w @ entropy[block.rows]
+    return EntropySums(p.reshape(width, n_tests).T, sum_xlogx)
+
+
 def _ratio_reductions(inst: CompiledInstance) -> frozenset[str]:
     # On deterministic instances λ is the one-hot answer: the pass over α gives everything.
     return frozenset({"sum_sq"}) if inst.outcomes is not None else frozenset()
+
+
+def _entropy_reductions(inst: CompiledInstance) -> frozenset[str]:
+    # On deterministic instances the pass over α (bit planes and all) gives Σ_i a log a.
+    return frozenset({"sum_xlogx"}) if inst.outcomes is not None else frozenset()
 
 
 STATISTICS: dict[str, Statistic] = {
@@ -149,6 +213,8 @@ STATISTICS: dict[str, Statistic] = {
         Statistic("hyperedge_sums", _hyperedge_sums, outcome_probabilities=lambda value: value.sums.after[0, 0]),
         Statistic("region_sums", _region_sums, outcome_probabilities=lambda value: value.after[0, 0]),
         Statistic("likelihood_ratio_sums", _likelihood_ratio_sums, requires=_ratio_reductions,
+                  outcome_probabilities=lambda value: value.p),
+        Statistic("entropy_sums", _entropy_sums, requires=_entropy_reductions,
                   outcome_probabilities=lambda value: value.p),
     )
 }
