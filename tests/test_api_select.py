@@ -49,3 +49,29 @@ def test_select_refuses_bad_observations(client, observations, status, code):
 
 def test_select_with_unknown_instance_is_404(client):
     assert_problem(client.post("/v1/select", json={"instance_id": "f" * 64}), 404, "instance-not-found")
+
+
+def test_one_tenants_steps_are_never_another_tenants_cache_hits(app_config):
+    # A hit is answered in microseconds, a miss computes the step: were steps shared, one tenant
+    # would learn another's answers from how fast its own identical request returns.
+    from service.api.context import EXTENSION
+    from service.app import create_app
+
+    keys = {"alpha": "alpha-key-0123456789abcdef", "bravo": "bravo-key-0123456789abcdef"}
+    app = create_app({**app_config, "api_keys": ", ".join(f"{t}:{k}" for t, k in keys.items())})
+    client = app.test_client()
+    auth = {t: {"Authorization": f"Bearer {k}"} for t, k in keys.items()}
+    cache = app.extensions[EXTENSION].sessions.steps.cache
+    ids = {t: client.post("/v1/instances", json=QUAD, headers=auth[t]).get_json()["instance_id"] for t in keys}
+    assert ids["alpha"] == ids["bravo"]  # the same content, held by each tenant
+    sid = client.post("/v1/sessions", json={"instance_id": ids["alpha"]}, headers=auth["alpha"]).get_json()["session_id"]
+    answered = client.post(f"/v1/sessions/{sid}/observations", json={"test": "a", "outcome": "0"},
+                           headers=auth["alpha"])
+    assert answered.status_code == 200
+    select = {"instance_id": ids["alpha"], "observations": [{"test": "a", "outcome": "0"}]}
+
+    hits, misses = cache.hits, cache.misses
+    assert client.post("/v1/select", json=select, headers=auth["bravo"]).status_code == 200
+    assert (cache.hits, cache.misses) == (hits, misses + 1)  # alpha's step is no hit for bravo
+    assert client.post("/v1/select", json=select, headers=auth["alpha"]).status_code == 200
+    assert (cache.hits, cache.misses) == (hits + 1, misses + 1)  # but is alpha's own

@@ -158,7 +158,7 @@ class Sessions:
         rules = engine.StopRules(request.max_tests, None if request.max_cost is None else float(request.max_cost),
                                  None if request.confidence is None else float(request.confidence),
                                  None if request.max_expected_loss is None else float(request.max_expected_loss))
-        key = step_key(compiled, policy, rules, request.seed, observations, excluded, request.batch_size)
+        key = step_key(tenant, compiled, policy, rules, request.seed, observations, excluded, request.batch_size)
         return step_json(self.steps.compute(compiled, key), compiled, explain)
 
 

@@ -22,14 +22,17 @@ Labelled = tuple[tuple[str, str | None], ...]
 
 # Estimates from above of CPython's objects (64-bit): a 2-tuple of one observation and its slot
 # in the tuple of all of them, and a key's members but its labels (the rules, the tuples, the
-# hash string).
+# hash string, the tenant's name of at most 64 ASCII characters).
 OBSERVATION_BYTES = 72
 KEY_BYTES = 1024
 
 
 class StepKey(NamedTuple):
-    """Everything a step depends on."""
+    """Everything a step depends on, and the tenant asking: one tenant's steps are never another's
+    cache hits, so nothing one tenant does changes how fast another's identical step is answered
+    (the latency would tell it what the other answered)."""
 
+    tenant: str
     instance: str  # content hash
     policy: str
     rules: engine.StopRules
@@ -39,17 +42,17 @@ class StepKey(NamedTuple):
     observations: Labelled
 
 
-def step_key(compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
+def step_key(tenant: str, compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
              observations: Labelled, excluded: tuple[str, ...], batch_size: int) -> StepKey:
     # Sessions that differ in their seed alone share their steps, unless the policy draws from it.
     seeded = engine.resolve_policy(compiled, policy).seeded
-    return StepKey(compiled.content_hash, policy, rules, seed if seeded else None, excluded, batch_size, observations)
+    return StepKey(tenant, compiled.content_hash, policy, rules, seed if seeded else None, excluded, batch_size, observations)
 
 
 def session_key(record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> StepKey:
     """The key of the step after ``observations`` in ``record``'s session."""
     rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss)
-    return step_key(compiled, record.policy, rules, record.seed, observations, record.exclude_tests,
+    return step_key(record.tenant, compiled, record.policy, rules, record.seed, observations, record.exclude_tests,
                     record.batch_size)
 
 
@@ -85,11 +88,20 @@ class StepCache(ByteBoundedLRU):
     Bounded by the bytes its entries hold, not their number: keys (:func:`key_bytes`), steps
     (:attr:`Step.nbytes`; a step of a long session carries its whole history) and the beliefs
     kept to carry forward (their arrays). A belief over an eighth of the budget is not kept (its
-    step is): it would push out many steps to save one pass."""
+    step is): it would push out many steps to save one pass.
+
+    ``hits`` and ``misses`` count :meth:`get`'s answers (for tests and diagnostics)."""
+
+    hits = 0
+    misses = 0
 
     def get(self, key: StepKey) -> Step | None:
         entry = self._lookup(key)
-        return None if entry is None else entry.step
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return entry.step
 
     def computed(self, key: StepKey) -> Computed | None:
         """The step and the belief it was computed from (None when not kept), without touching
