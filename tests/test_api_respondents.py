@@ -235,6 +235,34 @@ def test_a_repeatable_answer_needs_if_match_and_counts_each_time(client):
     assert second["class_posterior"]["ill"] == pytest.approx(0.64 / 0.65, rel=1e-12)
 
 
+TWO_NOISY_ONE_REPEATABLE = {
+    "tests": [{"id": "swab", "outcomes": ["neg", "pos"], "repeatable": True}, {"id": "xray", "outcomes": ["clear", "shadow"]}],
+    "hypotheses": [
+        {"id": "well", "class": "well", "likelihoods": {"swab": {"neg": 0.9, "pos": 0.1},
+                                                         "xray": {"clear": 0.7, "shadow": 0.3}}},
+        {"id": "ill", "class": "ill", "likelihoods": {"swab": {"neg": 0.2, "pos": 0.8},
+                                                       "xray": {"clear": 0.4, "shadow": 0.6}}},
+    ],
+}
+
+
+@pytest.mark.parametrize("instance", [NOISY_REPEATABLE, TWO_NOISY_ONE_REPEATABLE], ids=["alone", "with-another"])
+@pytest.mark.parametrize("headers", [{}, {"If-Match": '"1"'}, {"If-Match": '"2"'}], ids=["no-tag", "stale", "current"])
+def test_a_reposted_skip_of_a_repeatable_test_is_a_replay(client, instance, headers):
+    # Only answers to a repeatable test count each time; a skip is a fact like any other, so
+    # posting it again changes nothing and answers 200, whatever the tag (the change was applied).
+    sid = new_session(client, instance, confidence=0.999)["session_id"]
+    skipped = observe(client, sid, {"test": "swab", "skip": True}, headers={"If-Match": '"1"'})
+    assert skipped.status_code == 200 and skipped.headers["ETag"] == '"2"'
+    before = stored(client.application, sid)
+    again = observe(client, sid, {"test": "swab", "skip": True}, headers=headers)
+    assert again.status_code == 200, again.get_data(as_text=True)
+    assert again.headers["ETag"] == '"2"' and again.get_json() == {**skipped.get_json(),
+                                                                   "expires_at": again.get_json()["expires_at"]}
+    assert again.get_json()["history"] == [{"test": "swab", "skipped": True, "cost": 0.0}]
+    assert stored(client.application, sid) == before
+
+
 def test_one_answer_of_a_repeated_test_is_corrected_by_its_occurrence(client):
     sid = new_session(client, NOISY_REPEATABLE, confidence=0.999)["session_id"]
     observe(client, sid, {"observations": [{"test": "swab", "outcome": "pos"}, {"test": "swab", "outcome": "neg"}]},
@@ -274,6 +302,49 @@ def test_a_batch_session_proposes_a_page_and_takes_answers_in_any_order(client):
     before = stored(client.application, sid)
     assert_problem(observe(client, sid, {"test": "c", "outcome": "1"}), 409, "session-done")  # not on the page
     assert stored(client.application, sid) == before
+
+
+@pytest.mark.parametrize("batch_size", [2, 3])
+def test_the_rest_of_the_last_page_is_accepted_for_every_page_size(client, batch_size):
+    # QUAD proposes a and b together (c would repeat a) whatever the page size above 1; a=1
+    # settles the class, and b, shown on the same page, is still taken.
+    state = new_session(client, QUAD, batch_size=batch_size)
+    assert [t["id"] for t in state["next_tests"]] == ["a", "b"]
+    sid = state["session_id"]
+    assert observe(client, sid, {"test": "a", "outcome": "1"}).get_json()["done"]
+    late = observe(client, sid, {"test": "b", "outcome": "0"})
+    assert late.status_code == 200, late.get_data(as_text=True)
+    assert [h["test"] for h in late.get_json()["history"]] == ["a", "b"]
+
+
+def test_a_one_test_session_takes_nothing_after_it_stops(client):
+    sid = new_session(client, QUAD)["session_id"]
+    assert observe(client, sid, {"test": "a", "outcome": "1"}).get_json()["done"]
+    assert_problem(observe(client, sid, {"test": "b", "outcome": "0"}), 409, "session-done")
+
+
+# Sixteen hypotheses, each its own class, named by four independent bits: every test stays
+# informative until it is run, so a page is as long as the rules allow.
+BITS = {"tests": [{"id": f"bit{j}", "outcomes": ["0", "1"]} for j in range(4)],
+        "classes": [f"h{i}" for i in range(16)], "matrix": [[(i >> j) & 1 for j in range(4)] for i in range(16)]}
+
+
+@pytest.mark.parametrize("posted", [
+    [],
+    [{"test": "bit0", "skip": True}],
+    [{"test": "bit0", "skip": True}, {"test": "bit1", "skip": True}],
+    [{"test": "bit0", "outcome": "1"}],
+    [{"test": "bit0", "outcome": "1"}, {"test": "bit1", "skip": True}],
+])
+@pytest.mark.parametrize("batch_size, max_tests", [(3, 3), (4, 2), (2, 4)])
+def test_a_page_holds_as_many_tests_as_answers_left_and_skips_are_not_answers(client, posted, batch_size, max_tests):
+    sid = new_session(client, BITS, batch_size=batch_size, max_tests=max_tests)["session_id"]
+    state = observe(client, sid, {"observations": posted}).get_json() if posted else client.get(
+        f"/v1/sessions/{sid}").get_json()
+    answered = sum("outcome" in o for o in posted)
+    open_tests = 4 - len(posted)  # every test not yet run or skipped splits the survivors
+    assert len(state["next_tests"]) == min(batch_size, max_tests - answered, open_tests)
+    assert state["step"] == answered
 
 
 def test_a_page_answered_as_a_subset_in_reverse(client):
