@@ -14,6 +14,8 @@ from schemas.instance import Instance, json_path
 from service import engine
 from service.evaluation import EvaluationLimits, default_policies, evaluate, format_tables, work_units
 
+from .extras import MissingExtra, progress_bar, require_plotting
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -83,21 +85,27 @@ def load_instance(path: Path) -> engine.CompiledInstance:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.plot is not None:
+            require_plotting("--plot")
         inst = load_instance(args.instance)
         policies = args.policies or default_policies(inst)
         samples = args.samples
         limits = EvaluationLimits(max_dp_states=args.max_dp_states)
         total = work_units(inst, len(policies), samples, args.method)
-        with _progress(total, args.no_progress) as bar:
+        bar = progress_bar(total, "evaluating", enabled=not args.no_progress)
+        try:
             report = evaluate(inst, policies, stop_rules(args), samples=samples, seed=args.seed,
                               method=args.method, optimum=not args.no_optimum, limits=limits,
                               progress=bar.update if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
         if args.plot is not None:
             from service.evaluation.plots import comparison_plot
 
             comparison_plot(report, args.plot, title=args.instance.stem if args.instance.stem != "instance"
                             else args.instance.parent.name)
-    except (CommandError, engine.EngineError) as error:
+    except (CommandError, MissingExtra, engine.EngineError) as error:
         print(f"edgecut: error: {error}", file=sys.stderr)
         return 2
     if args.format == "json":
@@ -109,22 +117,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 
-
-class _progress:
-    """A tqdm bar on stderr for long runs (hidden when stderr is not a terminal, so pipes and
-    CI logs stay clean)."""
-
-    def __init__(self, total: int, disabled: bool):
-        self.total, self.disabled, self.bar = total, disabled, None
-
-    def __enter__(self):
-        if self.disabled:
-            return None
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=self.total, unit="run", desc="evaluating", disable=None, leave=False)
-        return self.bar
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.close()

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from service.examples import lotteries
+
+from .extras import MissingExtra, progress_bar, require_plotting
 from service.examples.simulation import (
     WHEN_UNINFORMATIVE,
     Curve,
@@ -95,8 +97,6 @@ def _run_task(task: tuple[str, str, int, int, int, str]) -> SubjectRun:
 
 def simulate(studies, policies, subjects, tests, seed, jobs, when_uninformative, progress=True):
     """{study: {policy: [SubjectRun, ...]}}, in subject order whatever ``jobs`` is."""
-    from tqdm import tqdm
-
     instances = {study: lotteries.compiled_instance(study) for study in studies}
     tasks = [
         (study, policy, tests, seed, k, when_uninformative)
@@ -104,12 +104,14 @@ def simulate(studies, policies, subjects, tests, seed, jobs, when_uninformative,
         for policy in policies
         for k in range(subjects[study])
     ]
-    bar = tqdm(total=len(tasks), desc="subjects", unit="run", disable=not progress, file=sys.stderr)
+    bar = progress_bar(len(tasks), "subjects", enabled=progress)
     results = []
     for result in map_subjects(_run_task, tasks, jobs, _load_instances, (instances,), chunksize=16):
         results.append(result)
-        bar.update()
-    bar.close()
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
     runs: dict[str, dict[str, list[SubjectRun]]] = {}
     for (study, policy, *_), result in zip(tasks, results):
         runs.setdefault(study, {}).setdefault(policy, []).append(result)
@@ -217,6 +219,11 @@ def run_lotteries(args: argparse.Namespace) -> int:
         return 2
     if args.tests < 1 or (args.subjects is not None and args.subjects < 2):
         print("--tests must be >= 1 and --subjects >= 2", file=sys.stderr)
+        return 2
+    try:
+        require_plotting("edgecut simulate (it draws the accuracy figures)")
+    except MissingExtra as error:
+        print(f"edgecut: error: {error}", file=sys.stderr)
         return 2
     studies = ("fixed", "uncertain") if args.study == "both" else (args.study,)
     subjects = {s: args.subjects or DEFAULT_SUBJECTS[s] for s in studies}
