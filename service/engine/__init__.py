@@ -36,7 +36,9 @@ from .evaluate import (
     run_policy,
     worst_case_cost,
 )
-from .policies import DEFAULT_POLICIES, POLICIES, Policy, resolve_policy
+from .intervals import mean_interval, wilson_interval
+from .policies import AUTO, DEFAULT_POLICIES, POLICIES, Policy, resolve_policy
+from .recommend import Budget, CandidateResult, Recommendation, recommend
 from .regions import choose_decision, decision_posterior, expected_loss
 from .select import (
     DEFAULT_LIKELIHOOD_CONFIDENCE,

@@ -22,7 +22,7 @@ Adding a policy: a gain function with its objective in the paper's symbols, a ro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from .belief import OutcomeStats, xlog2x
 from .compiled import CompiledInstance
 from .errors import PolicyNotApplicable, UnknownPolicy
 from .regions import hyperedge_weight, region_edge_weights
+
+if TYPE_CHECKING:
+    from .select import StopRules
 
 GainFunction = Callable[[OutcomeStats], np.ndarray]
 
@@ -230,6 +233,9 @@ POLICIES: dict[str, Policy] = {
     )
 }
 
+# Not a row of the table: the policy that does best on sessions simulated from the instance's own
+# model, chosen per instance and stop rules (recommend.py).
+AUTO = "auto"
 # The policy an instance gets when it names none, by its kind (:func:`instance_kind`).
 DEFAULT_POLICIES: dict[str, str] = {"decision": "hec", "deterministic": "ec2", "likelihood": "effecxtive"}
 
@@ -239,13 +245,19 @@ def instance_kind(inst: CompiledInstance) -> str:
     return "decision" if inst.is_decision else inst.kind
 
 
-def resolve_policy(inst: CompiledInstance, name: str | None) -> Policy:
-    """The policy called ``name`` (the instance's default when None), if it applies to ``inst``."""
+def resolve_policy(inst: CompiledInstance, name: str | None, rules: StopRules | None = None) -> Policy:
+    """The policy called ``name`` (the instance's default when None), if it applies to ``inst``;
+    :data:`AUTO` is the one :func:`~.recommend.recommend` ranks first under ``rules`` (once per
+    process for each instance and rules)."""
     if name is None:
         name = DEFAULT_POLICIES[instance_kind(inst)]
+    if name == AUTO:
+        from .recommend import recommended  # it plays this module's policies
+
+        return POLICIES[recommended(inst, rules)]
     policy = POLICIES.get(name)
     if policy is None:
-        raise UnknownPolicy(f"unknown policy '{name}'; choose one of {sorted(POLICIES)}")
+        raise UnknownPolicy(f"unknown policy '{name}'; choose one of {sorted([*POLICIES, AUTO])}")
     if policy.decision and not inst.is_decision:
         raise PolicyNotApplicable(
             f"policy '{name}' needs a decision instance (top-level 'decisions' and per-hypothesis "

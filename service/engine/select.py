@@ -351,4 +351,4 @@ def next_step(
     batch_size: int = 1,
 ) -> Decision:
     """Observations (parsed indices) in, decision out: the whole engine in one call."""
-    return decide(observe(inst, observations), resolve_policy(inst, policy), rules, seed, excluded, batch_size)
+    return decide(observe(inst, observations), resolve_policy(inst, policy, rules), rules, seed, excluded, batch_size)

@@ -35,15 +35,14 @@ from service.engine import (
     TreeNode,
     final_decision,
     log_p_min_bound,
+    mean_interval,
     optimal_decision_cost,
     optimal_expected_cost,
     policy_tree,
     resolve_policy,
     run_policy,
+    wilson_interval,
 )
-
-# Two-sided 95 % normal quantile, for the Monte Carlo intervals.
-Z_95 = 1.959963984540054
 
 Progress = Callable[[int], None]  # called with the number of work units just finished
 
@@ -169,7 +168,7 @@ def evaluate(
     started = time.monotonic()
     deadline = started + limits.time_limit if limits.time_limit is not None else None
     names = list(policies) if policies else default_policies(inst)
-    resolved = [resolve_policy(inst, name) for name in names]  # refuse unknown names up front
+    resolved = [resolve_policy(inst, name, rules) for name in names]  # refuse unknown names up front
     if method == "auto":
         method = "exact" if inst.kind == "deterministic" else "monte_carlo"
     if method == "exact" and inst.kind != "deterministic":
@@ -385,7 +384,7 @@ def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEv
         chosen = np.array(decisions, dtype=np.intp)
         accuracy = float(inst.acceptable[truths, chosen].mean())
         run_loss = decision_loss(inst)[truths, chosen]
-        loss, loss_ci = float(run_loss.mean()), _mean_interval(run_loss)
+        loss, loss_ci = float(run_loss.mean()), mean_interval(run_loss)
     return PolicyEvaluation(
         policy=policy.name,
         method="monte_carlo",
@@ -397,29 +396,13 @@ def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEv
         stop_reasons=_shares(reasons, np.ones(samples)),
         per_class=_per_class(inst, one_hot, cost, tests, one_hot * right[:, None]),
         samples=samples,
-        expected_cost_ci=_mean_interval(cost),
-        expected_tests_ci=_mean_interval(tests),
-        accuracy_ci=_wilson(accuracy, samples),
+        expected_cost_ci=mean_interval(cost),
+        expected_tests_ci=mean_interval(tests),
+        accuracy_ci=wilson_interval(accuracy, samples),
         accuracy_by_tests=right_by_step.mean(axis=0).tolist(),
         expected_loss=loss,
         expected_loss_ci=loss_ci,
     )
-
-
-def _mean_interval(values: np.ndarray) -> tuple[float, float]:
-    mean = float(values.mean())
-    if values.size < 2:
-        return (mean, mean)
-    half = Z_95 * float(values.std(ddof=1)) / math.sqrt(values.size)
-    return (mean - half, mean + half)
-
-
-def _wilson(p: float, n: int) -> tuple[float, float]:
-    """Wilson score interval: stays inside [0, 1] and is sensible at p = 0 or 1, unlike p ± z·se."""
-    z2 = Z_95 * Z_95
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = Z_95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def format_tables(report: EvaluationReport, markdown: bool = False) -> str:

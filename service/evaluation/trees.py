@@ -90,7 +90,7 @@ def build_tree(
 ) -> tuple[TreeNode, StopRules, int | None]:
     """The policy tree within ``limits``: returns (tree, the rules it was built with, the depth
     it was cut at or None). ``depth`` asks for a shallower cut than ``limits.max_depth``."""
-    resolved = resolve_policy(inst, policy)
+    resolved = resolve_policy(inst, policy, rules)
     cut = None
     if inst.kind == "likelihood" or depth is not None:
         cut = min(depth if depth is not None else limits.max_depth, limits.max_depth)
@@ -296,7 +296,7 @@ def export_tree(
     if fmt not in FORMATS:
         raise ValueError(f"unknown tree format '{fmt}'; choose one of {', '.join(FORMATS)}")
     started = time.monotonic()
-    name = resolve_policy(inst, policy).name
+    name = resolve_policy(inst, policy, rules).name
     tree, used_rules, cut = build_tree(inst, name, rules, seed, limits, depth)
     document = tree_to_dict(inst, tree, name, used_rules, cut)
     if fmt == "json":
