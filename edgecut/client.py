@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import requests
 from pydantic import BaseModel
 
-from schemas.api import InstanceList, InstanceListItem, InstanceSummary, SessionState, StepState
+from schemas.responses import InstanceList, InstanceListItem, InstanceSummary, SessionState, StepState
 
 PROBLEM_TYPE_PREFIX = "urn:edgecut:problem:"
 RETRIED_STATUSES = frozenset({429, 502, 503, 504})
@@ -114,7 +114,7 @@ class Client:
     ``retries``: further attempts after the first; ``backoff``: the first wait in seconds,
     doubled at each attempt (with jitter) up to ``max_backoff``; a ``Retry-After`` longer than
     ``max_retry_after`` is not waited for (the error is raised with ``retry_after`` set).
-    States come back as the wire models of :mod:`schemas.api` (fields the client does not know,
+    States come back as the wire models of :mod:`schemas.responses` (fields the client does not know,
     from a newer service, are ignored)."""
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 30.0, *,
