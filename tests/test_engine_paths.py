@@ -221,3 +221,15 @@ def test_class_runs_number_the_runs_and_pad_them_to_the_longest(classes):
     for r, (start, stop) in enumerate(zip(boundaries, boundaries[1:])):
         assert list(runs.run[start:stop]) == [r] * (stop - start)
         assert list(runs.slot[start:stop]) == [r * runs.longest + j for j in range(stop - start)]
+
+
+def test_sums_over_runs_of_rows_equal_the_sums_by_definition():
+    # Runs of one row, of a few, and beyond the position-by-position length, in every order.
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        lengths = rng.choice([1, 1, 2, 3, 5, belief_module._SHORT_RUN, belief_module._SHORT_RUN + 1, 20],
+                             size=int(rng.integers(1, 12)))
+        firsts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        values = rng.random((int(lengths.sum()), 7))
+        expected = np.array([values[f:f + n].sum(axis=0) for f, n in zip(firsts, lengths)])
+        np.testing.assert_allclose(belief_module.sum_runs(values, firsts), expected, rtol=1e-14, atol=0)

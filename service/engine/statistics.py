@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from .belief import CLASS_REDUCTIONS, Belief, OutcomeStats, reduce_over_classes, xlog2x
+from .belief import CLASS_REDUCTIONS, Belief, OutcomeStats, reduce_over_classes, sum_runs, xlog2x
 from .compiled import CompiledInstance
 from .regions import PowerSums, power_sums, region_sets
 
@@ -118,7 +118,7 @@ def _class_sums(values: np.ndarray, classes: np.ndarray, carried: np.ndarray | N
     that end here, the running sum of the last class when it ``continues`` in the next block).
     ``carried``: the running sum of the first class, begun in the block before."""
     firsts = np.concatenate(([0], np.flatnonzero(classes[1:] != classes[:-1]) + 1))
-    per_class = np.add.reduceat(values, firsts, axis=0)
+    per_class = sum_runs(values, firsts)
     if carried is not None:
         per_class[0] += carried
     if continues:
