@@ -7,7 +7,11 @@ from pathlib import Path
 
 import yaml
 
-from service.api.openapi import render
+import pytest
+from flask import Blueprint
+
+from service.api.contract import json_body, operation, problems
+from service.api.openapi import paths_of, render
 from service.api.problems import PROBLEMS
 from service.app import create_app
 from service.ui import PAGE_BLUEPRINTS
@@ -45,3 +49,28 @@ def test_every_problem_status_is_documented_somewhere():
     statuses = {int(code) for item in spec["paths"].values() for op in item.values() for code in op["responses"]}
     assert {status for status, _, _ in PROBLEMS.values()} - {405} <= statuses
     assert all(code in text for code in PROBLEMS)  # each problem code is named in the contract
+
+
+def test_a_route_without_its_operation_cannot_be_built_into_the_contract():
+    app = create_app({"redis_url": None})
+    extra = Blueprint("extra", __name__)
+    extra.add_url_rule("/v1/undocumented", "undocumented", lambda: "")
+    app.register_blueprint(extra)
+    with pytest.raises(LookupError, match="extra.undocumented"):
+        paths_of(app)
+
+
+def test_a_documented_route_is_in_the_contract_under_its_path_and_methods():
+    app = create_app({"redis_url": None})
+    extra = Blueprint("extra", __name__)
+
+    @extra.route("/v1/things/<path:thing>", methods=["PUT", "GET"])
+    @operation("thing", "things", "A thing", responses={"200": json_body({"type": "object"}, "The thing"),
+                                                       **problems(404)})
+    def thing(thing: str) -> str:
+        return thing
+
+    app.register_blueprint(extra)
+    item = paths_of(app)["/v1/things/{thing}"]
+    assert list(item) == ["get", "put"]
+    assert item["put"]["operationId"] == "thing" and set(item["put"]["responses"]) == {"200", "404"}

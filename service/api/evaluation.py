@@ -18,13 +18,28 @@ from service import engine
 from service.errors import ServiceError
 from service.evaluation import EvaluationLimits, evaluate
 from service.evaluation import trees
+from service.settings import Settings
 
 from .context import services, sessions, tenant
+from .contract import INSTANCE_ID, json_body, operation, problems, request_body
 from .encoding import InvalidParameter, json_response, parse_body
 
 bp = Blueprint("evaluation", __name__, url_prefix="/v1/instances")
 
 TREE_FORMATS = ("json", "dot", "svg", "png")
+TREE_PARAMETERS = [
+    {"name": "format", "in": "query", "required": False, "schema": {"type": "string", "enum": list(TREE_FORMATS)}},
+    {"name": "policy", "in": "query", "required": False, "schema": {"type": "string", "enum": sorted(engine.POLICIES)}},
+    {"name": "max_tests", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}},
+    {"name": "max_cost", "in": "query", "required": False, "schema": {"type": "number", "exclusiveMinimum": 0}},
+    {"name": "confidence", "in": "query", "required": False,
+     "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
+    {"name": "max_expected_loss", "in": "query", "required": False, "schema": {"type": "number", "minimum": 0}},
+    {"name": "seed", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}},
+    {"name": "depth", "in": "query", "required": False,
+     "schema": {"type": "integer", "minimum": 0, "maximum": Settings.model_fields["tree_max_depth"].default},
+     "description": "At most TREE_MAX_DEPTH (the default shown); deeper is 422"},
+]
 
 
 class GraphvizUnavailable(ServiceError):
@@ -32,6 +47,15 @@ class GraphvizUnavailable(ServiceError):
 
 
 @bp.post("/<instance_id>/evaluate")
+@operation("evaluateInstance", "instances",
+           "Expected cost, tests and accuracy of policies on a stored instance (docs/evaluation.md)",
+           description="Bounded by time, samples and size limits; past one the answer is 422 naming it.",
+           parameters=[INSTANCE_ID],
+           body=request_body("EvaluateRequest", "Policies (default: all that apply), stop rules, samples"),
+           responses={"200": json_body({"type": "object", "properties": {"instance_id": {"type": "string"}},
+                                        "required": ["instance_id"], "additionalProperties": True},
+                                       "The evaluation report"),
+                      **problems(400, 404, 413, 415, 422, 500, 503)})
 def evaluate_policies(instance_id: str) -> Response:
     body = parse_body(EvaluateRequest)
     inst = sessions().instance(instance_id, tenant())
@@ -51,6 +75,14 @@ def evaluate_policies(instance_id: str) -> Response:
 
 
 @bp.get("/<instance_id>/tree")
+@operation("getPolicyTree", "instances", "A policy's decision tree as JSON, DOT, SVG or PNG (docs/evaluation.md)",
+           parameters=[INSTANCE_ID, *TREE_PARAMETERS],
+           responses={"200": {"description": "The tree in the requested format", "content": {
+               "application/json": {"schema": {"type": "object"}},
+               "text/vnd.graphviz": {"schema": {"type": "string"}},
+               "image/svg+xml": {"schema": {"type": "string"}},
+               "image/png": {"schema": {"type": "string", "format": "binary"}}}},
+               **problems(400, 404, 422, 500, 501, 503)})
 def tree(instance_id: str) -> Response:
     fmt = request.args.get("format", "json")
     if fmt not in TREE_FORMATS:

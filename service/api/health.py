@@ -13,6 +13,7 @@ from service.metrics import render
 from service.store import StoreUnavailable
 
 from .context import services
+from .contract import json_body, operation, problems
 from .encoding import json_response
 from .problems import problem_response
 
@@ -21,11 +22,17 @@ log = logging.getLogger(__name__)
 
 
 @bp.get("/healthz")
+@operation("healthz", "operations", "The process answers (no store needed)",
+           responses={"200": json_body({"type": "object", "properties": {"status": {"const": "ok"}},
+                                        "required": ["status"]}, "Alive"), **problems(500)})
 def healthz() -> Response:
     return json_response({"status": "ok"}, headers={"Cache-Control": "no-store"})
 
 
 @bp.get("/readyz")
+@operation("readyz", "operations", "The store answers",
+           responses={"200": json_body({"type": "object", "properties": {"status": {"const": "ready"}},
+                                        "required": ["status"]}, "Ready"), **problems(500, 503)})
 def readyz() -> Response:
     try:
         services().store.ping()
@@ -38,12 +45,18 @@ def readyz() -> Response:
 
 
 @bp.get("/metrics")
+@operation("metrics", "operations", "Prometheus metrics",
+           responses={"200": {"description": "Prometheus text exposition format",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}, **problems(500)})
 def metrics() -> Response:
     body, content_type = render()
     return Response(body, content_type=content_type)
 
 
 @bp.get("/openapi.yaml")
+@operation("openapi", "operations", "This contract",
+           responses={"200": {"description": "OpenAPI 3.1",
+                              "content": {"application/yaml": {"schema": {"type": "string"}}}}, **problems(500)})
 def openapi() -> Response:
     return Response(openapi_text(), content_type="application/yaml")
 

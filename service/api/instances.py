@@ -9,12 +9,20 @@ from schemas.instance import Instance
 from service.store.base import LISTING_CURSOR
 
 from .context import sessions, tenant
+from .contract import HEADER, INSTANCE_ID, TRIAGE_EXAMPLE, json_body, operation, problems, ref, request_body
 from .encoding import InvalidParameter, json_response, parse_body
 
 bp = Blueprint("instances", __name__, url_prefix="/v1/instances")
 
 
 @bp.post("")
+@operation("postInstance", "instances", "Validate, compile and store an instance under its content hash",
+           body=request_body("Instance", "An instance, per-hypothesis or columnar (docs/instances.md)",
+                             TRIAGE_EXAMPLE),
+           responses={"200": json_body(ref("InstanceSummary"), "Already stored: the same content has the same id",
+                                       {"Location": HEADER["Location"]}),
+                      "201": json_body(ref("InstanceSummary"), "Stored", {"Location": HEADER["Location"]}),
+                      **problems(400, 413, 415, 422, 500, 503)})
 def create() -> Response:
     summary, created = sessions().register_instance(parse_body(Instance), tenant())
     location = url_for(".show", instance_id=summary.instance_id)
@@ -23,9 +31,17 @@ def create() -> Response:
 
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
+LIMIT = {"name": "limit", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE}}
+CURSOR = {"name": "cursor", "in": "query", "required": False, "schema": {"type": "string"},
+          "description": "A previous page's next_cursor, unchanged"}
 
 
 @bp.get("")
+@operation("listInstances", "instances", "The tenant's stored instances, oldest first, a page at a time",
+           parameters=[LIMIT, CURSOR],
+           responses={"200": json_body(ref("InstanceList"), "A page; next_cursor is null on the last"),
+                      **problems(400, 500, 503)})
 def index() -> Response:
     raw_limit = request.args.get("limit", str(DEFAULT_PAGE))
     if not raw_limit.isascii() or not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_PAGE:
@@ -38,12 +54,19 @@ def index() -> Response:
 
 
 @bp.delete("/<instance_id>")
+@operation("deleteInstance", "instances", "Delete an instance; its sessions then answer 410 instance-gone",
+           description=("A retried delete answers 204 again while the deletion is remembered (the "
+                        "instance's TTL). Posting the same content again stores it anew."),
+           parameters=[INSTANCE_ID], responses={"204": {"description": "Deleted"}, **problems(404, 500, 503)})
 def delete(instance_id: str) -> Response:
     sessions().delete_instance(instance_id, tenant())
     return Response(status=204)
 
 
 @bp.get("/<instance_id>")
+@operation("getInstance", "instances", "An instance's summary", parameters=[INSTANCE_ID],
+           responses={"200": json_body(ref("InstanceSummary"), "The instance's summary"),
+                      **problems(404, 500, 503)})
 def show(instance_id: str) -> Response:
     from service.sessions import instance_summary
 
