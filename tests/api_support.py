@@ -130,5 +130,11 @@ class Delegating(SessionStore):
     def idempotency_binding(self, key, tenant=DEFAULT_TENANT):
         return self.inner.idempotency_binding(key, tenant)
 
+    def get_value(self, name, tenant=DEFAULT_TENANT):
+        return self.inner.get_value(name, tenant)
+
+    def put_value(self, name, value, tenant=DEFAULT_TENANT):
+        return self.inner.put_value(name, value, tenant)
+
     def ping(self):
         return self.inner.ping()

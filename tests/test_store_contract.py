@@ -355,6 +355,28 @@ def test_idempotency_keys_expire_with_sessions(store_env):
     assert store.claim_idempotency_key("k", "s-2") is None
 
 
+def test_a_shared_value_is_the_first_one_stored_for_every_worker(store_env):
+    store = store_env.make()
+    assert store.get_value("auto:x") is None
+    assert store.put_value("auto:x", b"first") == b"first"
+    assert store.put_value("auto:x", b"second") == b"first"  # a racing worker adopts the first
+    assert store.get_value("auto:x") == b"first"
+    assert store.get_value("auto:x", tenant="clinic-b") is None
+    assert store.put_value("auto:x", b"theirs", tenant="clinic-b") == b"theirs"
+    if store_env.kind != "memory":  # another worker on the same Redis sees it
+        assert store_env.make().get_value("auto:x") == b"first"
+
+
+def test_shared_values_expire_with_instances(store_env):
+    store = store_env.make(session_ttl=1)  # instances, and shared values, live 2 s
+    store.put_value("auto:y", b"v")
+    store_env.elapse(1.2)
+    assert store.get_value("auto:y") == b"v"
+    store_env.elapse(1.2)
+    assert store.get_value("auto:y") is None
+    assert store.put_value("auto:y", b"w") == b"w"
+
+
 def test_ping_answers_when_the_store_is_up(store_env):
     store_env.make().ping()
 

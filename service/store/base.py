@@ -6,7 +6,9 @@ What is stored:
 * compiled instances, once per (tenant, content hash), as raw array bytes plus a JSON header
   (dtype, shape, labels) — never pickle (service/store/codec.py);
 * sessions: small records (ids, config, the observations so far, a version number);
-* for listings, when each instance was first stored, and for a while which were deleted.
+* for listings, when each instance was first stored, and for a while which were deleted;
+* small shared values computed once for all workers (what ``auto`` chose for an instance and
+  stop rules), under a name, for the instance TTL.
 
 Updates are compare-and-set on the version: two workers can never both apply a step.
 """
@@ -186,6 +188,16 @@ class SessionStore(abc.ABC):
     def idempotency_binding(self, key: str, tenant: str = DEFAULT_TENANT) -> str | None:
         """The session id ``key`` is bound to, or None; binds nothing (a request is checked
         whole before anything is written)."""
+
+    @abc.abstractmethod
+    def get_value(self, name: str, tenant: str = DEFAULT_TENANT) -> bytes | None:
+        """The value stored under ``name``, or None when none is (or it expired)."""
+
+    @abc.abstractmethod
+    def put_value(self, name: str, value: bytes, tenant: str = DEFAULT_TENANT) -> bytes:
+        """Store ``value`` under ``name`` for the instance TTL unless a value is there already
+        (atomically: the first writer wins), and return the value stored: every worker that
+        computed one at the same time agrees on the first."""
 
     @abc.abstractmethod
     def ping(self) -> None:

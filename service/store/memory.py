@@ -9,7 +9,8 @@ Semantics match the Redis store exactly (the contract suite runs against both):
   is bounded by what clients post within a TTL, the same as with Redis);
 * everything is keyed by tenant: another tenant's session, instance or idempotency key is simply
   not found (no existence oracle);
-* idempotency keys expire ``session_ttl`` after they were claimed;
+* idempotency keys expire ``session_ttl`` after they were claimed; shared values the instance
+  TTL after they were first stored;
 * a deleted instance is remembered (so its sessions can say so) for the instance TTL, or until
   the same content is stored again; listings are in creation order, then id.
 
@@ -62,6 +63,7 @@ class MemoryStore(SessionStore):
         self._created_at: dict[tuple[str, str], float] = {}
         self._sessions: dict[tuple[str, str], tuple[SessionRecord, float]] = {}
         self._idempotency: dict[tuple[str, str], tuple[str, float]] = {}
+        self._values: dict[tuple[str, str], tuple[bytes, float]] = {}
         # Per-tenant usage, kept in step with the tables by _forget: [instances, bytes, sessions].
         self.quotas = quotas or Quotas()
         self._instance_bytes: dict[tuple[str, str], int] = {}
@@ -198,6 +200,21 @@ class MemoryStore(SessionStore):
             current = self._live(self._idempotency, (tenant, key), self._tick())
             return None if current is None else current[0]
 
+    def get_value(self, name: str, tenant: str = DEFAULT_TENANT) -> bytes | None:
+        with self._lock:
+            current = self._live(self._values, (tenant, name), self._tick())
+            return None if current is None else current[0]
+
+    def put_value(self, name: str, value: bytes, tenant: str = DEFAULT_TENANT) -> bytes:
+        slot = (tenant, name)
+        with self._lock:
+            now = self._tick()
+            current = self._live(self._values, slot, now)
+            if current is not None:
+                return current[0]
+            self._values[slot] = (value, now + self.instance_ttl)
+            return value
+
     def ping(self) -> None:
         # The store answers when its lock can be taken: an operation stuck holding it would
         # stall every request, and /readyz should say so rather than hang too.
@@ -215,7 +232,7 @@ class MemoryStore(SessionStore):
         return now
 
     def _sweep(self, now: float) -> None:
-        for table in (self._instances, self._deleted, self._sessions, self._idempotency):
+        for table in (self._instances, self._deleted, self._sessions, self._idempotency, self._values):
             for key in [k for k, (_, expires_at) in table.items() if expires_at <= now]:
                 self._forget(table, key)
         self._last_sweep = now

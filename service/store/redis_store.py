@@ -237,6 +237,9 @@ class RedisStore(SessionStore):
     def deleted_key(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> str:
         return f"{self.key_prefix}:{{i:{_part(tenant)}:{_part(instance_id)}}}:gone"
 
+    def value_key(self, name: str, tenant: str = DEFAULT_TENANT) -> str:
+        return f"{self.key_prefix}:{{v:{_part(tenant)}:{_part(name)}}}:value"
+
     def listing_key(self, tenant: str = DEFAULT_TENANT) -> str:
         return f"{self.key_prefix}:{{l:{_part(tenant)}}}:instances"
 
@@ -461,6 +464,20 @@ class RedisStore(SessionStore):
             self.round_trips += 1
             bound = self._redis.get().get(self.idempotency_key(key, tenant))
         return None if bound is None else bound.decode()
+
+    def get_value(self, name: str, tenant: str = DEFAULT_TENANT) -> bytes | None:
+        with self._guard():
+            self.round_trips += 1
+            return self._redis.get().get(self.value_key(name, tenant))
+
+    def put_value(self, name: str, value: bytes, tenant: str = DEFAULT_TENANT) -> bytes:
+        key = self.value_key(name, tenant)
+        with self._guard():
+            # SET NX GET: stored only if absent, and the value already there comes back in the
+            # same round trip, so racing workers agree on the first.
+            previous = self._write(key, [("SET", key, value, "NX", "GET", "PX", self._instance_ttl_ms,
+                                          {"get": True})])[0]
+        return value if previous is None else previous
 
     def ping(self) -> None:
         with self._guard():
