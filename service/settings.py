@@ -59,7 +59,8 @@ class Settings(BaseSettings):
     log_level: LogLevel = Field(default="INFO", description="`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`")
     log_format: LogFormat = Field(default="json", description=(
         "`json`: one JSON object per line on stderr (time, level, logger, message, request id, method, path, "
-        "status, duration_ms, tenant); `text` for a person at a terminal"))
+        "status, duration_ms, tenant); `text` for a person at a terminal. Unset, `edgecut serve` writes `text` "
+        "when its stderr is a terminal"))
     access_log: bool = Field(default=True, description="one log line per request")
     web_concurrency: int | None = Field(default=None, ge=1, le=64, description=(
         "gunicorn worker processes (default 2 per core, at most 8); always 1 with the in-memory store"))

@@ -394,7 +394,8 @@ def test_bad_listing_parameters_are_400(client, query):
 def test_a_deleted_instance_makes_its_sessions_410_gone(client):
     sid = new_session(client, TRIAGE)["session_id"]
     instance_id = stored(client.application, sid).instance_id
-    assert client.delete(f"/v1/instances/{instance_id}").status_code == 204
+    deleted = client.delete(f"/v1/instances/{instance_id}")
+    assert deleted.status_code == 204 and "Content-Type" not in deleted.headers
     assert client.delete(f"/v1/instances/{instance_id}").status_code == 204  # a retry
     assert_problem(client.get(f"/v1/sessions/{sid}"), 410, "instance-gone")
     assert_problem(observe(client, sid, {"test": "ecg", "outcome": "normal"}), 410, "instance-gone")

@@ -122,6 +122,7 @@ def test_delete(client):
     sid = new_session(client)["session_id"]
     response = client.delete(f"/v1/sessions/{sid}")
     assert response.status_code == 204 and response.data == b""
+    assert "Content-Type" not in response.headers  # no body, so no media type
     assert stored(client.application, sid) is None
     assert_problem(client.get(f"/v1/sessions/{sid}"), 404, "session-not-found")
     assert_problem(client.delete(f"/v1/sessions/{sid}"), 404, "session-not-found")

@@ -1,11 +1,12 @@
 """What handlers reach through the app: the settings, the store and the session domain,
-attached once by :func:`service.app.create_app` (never at import time)."""
+attached once by :func:`service.app.create_app` (never at import time); and the empty answer
+they give to a delete."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flask import current_app, g
+from flask import Response, current_app, g
 
 from service.sessions import Sessions
 from service.settings import Settings
@@ -36,3 +37,10 @@ def sessions() -> Sessions:
 def tenant() -> str:
     """The caller's tenant: its API key's (service/api/security.py), else the one public tenant."""
     return g._get_current_object().get("tenant", DEFAULT_TENANT)
+
+
+def no_content() -> Response:
+    """204: no body, so no Content-Type (Flask would label the empty body text/html)."""
+    response = Response(status=204)
+    del response.headers["Content-Type"]
+    return response

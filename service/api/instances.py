@@ -8,7 +8,7 @@ from flask import Blueprint, Response, request, url_for
 from schemas.instance import Instance
 from service.store.base import LISTING_CURSOR
 
-from .context import sessions, tenant
+from .context import no_content, sessions, tenant
 from .contract import HEADER, INSTANCE_ID, TRIAGE_EXAMPLE, json_body, operation, problems, ref, request_body
 from .encoding import InvalidParameter, json_response, parse_body
 
@@ -60,7 +60,7 @@ def index() -> Response:
            parameters=[INSTANCE_ID], responses={"204": {"description": "Deleted"}, **problems(404, 500, 503)})
 def delete(instance_id: str) -> Response:
     sessions().delete_instance(instance_id, tenant())
-    return Response(status=204)
+    return no_content()
 
 
 @bp.get("/<instance_id>")

@@ -17,7 +17,7 @@ from schemas.api import MAX_OBSERVATIONS_PER_REQUEST, ObservationCorrection, Obs
 from service.errors import PreconditionFailed
 from service.sessions import SessionResult
 
-from .context import sessions, tenant
+from .context import no_content, sessions, tenant
 from .contract import EXPLAIN, HEADER, TRIAGE_EXAMPLE, json_body, operation, problems, ref, request_body
 from .encoding import InvalidHeaderValue, InvalidParameter, flag, json_response, parse_body
 
@@ -109,7 +109,7 @@ def show(session_id: str) -> Response:
            responses={"204": {"description": "Deleted"}, **problems(404, 412, 500, 503)})
 def delete(session_id: str) -> Response:
     sessions().delete(session_id, tenant(), if_match=_if_match())
-    return Response(status=204, content_type=None)
+    return no_content()
 
 
 @bp.post("/<session_id>/observations")
