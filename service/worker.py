@@ -16,7 +16,16 @@ complete, so a thread only ever runs a request whose bytes are all in memory:
   received so far) is answered ``413 body-too-large`` at once;
 * framing that can never become a valid request (a bad ``Content-Length``, both
   ``Content-Length`` and ``Transfer-Encoding``, a malformed chunk) is answered 400 at once, and
-  headers longer than gunicorn's limits allow 431.
+  headers longer than gunicorn's limits allow 431. Where a request ends is read by llhttp (the
+  parser of Node.js, through httptools), strict, never by hand;
+* past ``worker_connections`` the connection idle longest (kept alive, or silent since it was
+  accepted) is closed to make room, and while every connection is in the middle of a request a
+  new one is answered ``503 server-busy`` at once, so idle connections never stall others.
+
+The event loop sends ``100 Continue`` to a client that waits for it; gunicorn's own is then
+suppressed (one interim response per request). The worker uses gunicorn's gthread internals
+(``TConn``, ``nr_conns``, ``murder_pending``, the unreader): pyproject.toml pins gunicorn to the
+major version it is tested on.
 
 A new worker keeps a heap faulted in (service/heap.py), rehearses the engine once and waits
 briefly for a thread of its own to open the store's connections (service/app.py ``rehearse``,
@@ -31,13 +40,15 @@ TLS and HTTP/2 connections are served as by gthread.
 from __future__ import annotations
 
 import collections
+import errno
 import io
-import re
 import selectors
+import socket
 import threading
 import time
 from functools import partial
 
+import httptools
 from gunicorn.http import errors as http_errors
 from gunicorn.http.body import LengthReader
 from gunicorn.http.unreader import SocketUnreader
@@ -55,18 +66,62 @@ RECV_BYTES = 1024 * 1024
 WARM_UP_WAIT = 0.5  # seconds a new worker waits for its store's connections before serving
 # gunicorn's header limits may be 0 ("unlimited"); the buffer still needs a bound.
 UNLIMITED_HEADER_BYTES = 1024 * 1024
-MAX_CHUNK_SIZE_LINE = 1024
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
-_DIGITS = re.compile(rb"[0-9]{1,19}")
+
+
+class _HeadReader:
+    """llhttp's callbacks for one request: what framing needs from the head (the body's length or
+    chunked coding, ``Expect``), and the chunked body's size as it is decoded. A message after
+    this one (pipelined) is not looked at: gunicorn's parser reads it in its turn."""
+
+    __slots__ = ("max_body_bytes", "content_length", "codings", "expects_continue", "headers_complete",
+                 "message_complete", "body_bytes", "too_large")
+
+    def __init__(self, max_body_bytes: int):
+        self.max_body_bytes = max_body_bytes
+        self.content_length: int | None = None
+        self.codings: list[bytes] = []
+        self.expects_continue = False
+        self.headers_complete = False
+        self.message_complete = False
+        self.body_bytes = 0
+        self.too_large = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.headers_complete:  # a trailer, or the next message's head
+            return
+        name = name.lower()
+        if name == b"content-length":
+            self.content_length = int(value)  # llhttp accepts digits only, and one value
+        elif name == b"transfer-encoding":
+            self.codings += [coding.strip().lower() for coding in value.split(b",")]
+        elif name == b"expect" and value.strip().lower() == b"100-continue":
+            self.expects_continue = True
+
+    def on_headers_complete(self) -> None:
+        self.headers_complete = True
+
+    def on_body(self, data: bytes) -> None:  # chunked bodies only: a Content-Length one is not fed
+        if self.message_complete:
+            return
+        self.body_bytes += len(data)
+        if self.body_bytes > self.max_body_bytes:
+            self.too_large = True
+            raise OverflowError("MAX_BODY_BYTES")  # stops llhttp
+
+    def on_message_complete(self) -> None:
+        self.message_complete = True
 
 
 class Framing:
-    """Where one HTTP/1.1 request ends in the bytes received so far (RFC 9112 §6).
+    """Where one HTTP/1.1 request ends in the bytes received so far (RFC 9112 §6), as llhttp (via
+    httptools) reads it; everything else is left to gunicorn's parser, which reads the same bytes.
 
-    Only the framing is read (the end of the headers, ``Content-Length``, ``Transfer-Encoding:
-    chunked`` and the chunk sizes); everything else is left to gunicorn's parser. Scanning is
-    incremental: each call to :meth:`verdict` continues where the last one stopped, so a body
-    arriving in many small pieces costs linear time."""
+    llhttp gets the head once it is all there (up to the first empty line: a valid head holds no
+    other), then a chunked body as it arrives. A ``Content-Length`` body is not fed to it (it would
+    only be copied out again): it is complete when that many bytes followed the head. Each call to
+    :meth:`verdict` continues where the last one stopped, so a body arriving in many small pieces
+    costs linear time. Beyond llhttp's own refusals, the one policy here: ``chunked`` is the only
+    transfer coding accepted."""
 
     INCOMPLETE, COMPLETE, TOO_LARGE, MALFORMED, HEADERS_TOO_LARGE = (
         "incomplete", "complete", "too-large", "malformed", "headers-too-large")
@@ -74,52 +129,45 @@ class Framing:
     def __init__(self, max_header_bytes: int, max_body_bytes: int):
         self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
-        self._buffer = bytearray()
-        # Once a Content-Length body is under way, what arrives is kept as pieces and joined once
-        # (bytearray += copies the whole buffer again and again as it grows: ~8 times in all).
-        self._tail: list[bytes] | None = None
+        self._head = bytearray()  # what arrived before the head was complete
+        # After it, what arrives is kept as the pieces it came in and joined at most once
+        # (bytearray += copies the whole buffer again and again as it grows).
+        self._tail: list = []
+        self._fed = 0  # pieces of the tail given to llhttp (chunked)
         self.size = 0  # bytes received
         self.reason = ""
-        self.expects_continue = False
-        self._searched = 0  # bytes searched for the end of the headers
+        self._searched = 0  # bytes searched for the end of the head
+        self._head_fed = 0  # bytes of it given to llhttp
         self._body_start: int | None = None
-        self._content_length: int | None = None
-        self._chunked = False
-        self._cursor = 0  # chunked: where the next chunk-size line starts
-        self._body_bytes = 0  # chunked: data bytes seen so far
+        self._reader = _HeadReader(max_body_bytes)
+        self._parser = httptools.HttpRequestParser(self._reader)
         self._final: str | None = None
+
+    @property
+    def expects_continue(self) -> bool:
+        return self._reader.expects_continue
 
     def feed(self, data: bytes) -> None:
         self.size += len(data)
-        if self._tail is None:
-            self._buffer += data
+        if self._body_start is None:
+            self._head += data
         else:
             self._tail.append(data)
 
-    @property
-    def data(self) -> bytes | bytearray:
-        """Everything received so far."""
-        if self._tail:
-            self._buffer = b"".join([self._buffer, *self._tail])
-            self._tail = []
-        return self._buffer
-
     def pieces(self) -> list:
-        """Everything received so far, as the buffers it arrived in (not joined), the headers
-        apart from the body: gunicorn's parser then reads the headers alone."""
-        head = [self._buffer]
-        if self._body_start is not None:
-            view = memoryview(self._buffer)
-            head = [view[:self._body_start], view[self._body_start:]]
-        return [*head, *(self._tail or ())]
+        """Everything received so far, as the buffers it arrived in (not joined), the head apart
+        from the body: gunicorn's parser then reads the head alone."""
+        if self._body_start is None:
+            return [self._head, *self._tail]
+        return [memoryview(self._head)[:self._body_start], *self._tail]
 
     def body(self) -> bytes | None:
         """A complete ``Content-Length`` body, joined once from the pieces it arrived in; None
         for any other framing (chunked, no length, empty)."""
-        if self._final != self.COMPLETE or self._chunked or not self._content_length:
+        if self._final != self.COMPLETE or self._chunked or not self._reader.content_length:
             return None
-        parts, wanted = [], self._content_length
-        for piece in self.pieces()[1:]:  # after the headers: the body, then what came after it
+        parts, wanted = [], self._reader.content_length
+        for piece in self._tail:  # after the head: the body, then what came after it
             view = memoryview(piece)[:wanted]
             if view.nbytes:
                 parts.append(view)
@@ -128,25 +176,28 @@ class Framing:
 
     @property
     def has_body_pending(self) -> bool:
-        """Headers read, body not complete yet (for ``Expect: 100-continue``)."""
+        """Head read, body not complete yet (for ``Expect: 100-continue``)."""
         return self._body_start is not None and self._final is None
+
+    @property
+    def _chunked(self) -> bool:
+        return bool(self._reader.codings)
 
     def verdict(self) -> str:
         if self._final is not None:
             return self._final
         if self._body_start is None:
-            state = self._headers()
+            state = self._read_head()
             if state != self.COMPLETE:
                 return self._settle(state)
+        reader = self._reader
         if self._chunked:
-            return self._settle(self._chunks())
-        if self._content_length is None:
+            return self._settle(self._read_chunks())
+        if reader.content_length is None:
             return self._settle(self.COMPLETE)
-        if self._content_length > self.max_body_bytes:
+        if reader.content_length > self.max_body_bytes:
             return self._settle(self.TOO_LARGE)
-        if self._tail is None:
-            self._tail = []
-        done = self.size - self._body_start >= self._content_length
+        done = self.size - self._body_start >= reader.content_length
         return self._settle(self.COMPLETE if done else self.INCOMPLETE)
 
     def _settle(self, state: str) -> str:
@@ -154,83 +205,56 @@ class Framing:
             self._final = state
         return state
 
-    def _headers(self) -> str:
-        start = max(0, self._searched - 3)
-        end = self.data.find(b"\r\n\r\n", start)
+    def _read_head(self) -> str:
+        # llhttp reads the head as it arrives (a malformed one is refused at once), never past
+        # its end: what follows is the body, or the next request.
+        end = self._head.find(b"\r\n\r\n", max(0, self._searched - 3))
+        self._searched = len(self._head)
+        upto = len(self._head) if end < 0 else end + 4
+        state = self._parse(memoryview(self._head)[self._head_fed:upto])
+        self._head_fed = upto
+        if state == self.MALFORMED:
+            return state
         if end < 0:
-            bare = self.data.find(b"\n\n", start)  # bare LF: let gunicorn's parser refuse it
-            if bare >= 0:
-                self._body_start = bare + 2
-                return self.COMPLETE
-            self._searched = len(self.data)
-            if len(self.data) > self.max_header_bytes:
+            if len(self._head) > self.max_header_bytes:
                 self.reason = f"the request's headers are longer than {self.max_header_bytes} bytes"
                 return self.HEADERS_TOO_LARGE
             return self.INCOMPLETE
-        self._body_start = end + 4
-        lengths, codings = [], []
-        for line in bytes(self.data[:end]).split(b"\r\n")[1:]:
-            name, sep, value = line.partition(b":")
-            name = name.lower()
-            if not sep:
-                continue  # not a header field: gunicorn's parser refuses the request
-            if name == b"content-length":
-                lengths.append(value.strip())
-            elif name == b"transfer-encoding":
-                codings += [c.strip().lower() for c in value.split(b",")]
-            elif name == b"expect" and value.strip().lower() == b"100-continue":
-                self.expects_continue = True
-        if lengths and codings:
-            self.reason = "the request has both Content-Length and Transfer-Encoding"
+        self._body_start = upto
+        rest = memoryview(self._head)[upto:]
+        if rest.nbytes:
+            self._tail.append(rest)
+        if not self._reader.headers_complete:
+            self.reason = "the request's head is not valid HTTP/1.1"
             return self.MALFORMED
-        if codings:
-            if codings != [b"chunked"]:
-                self.reason = "the only transfer coding accepted is chunked"
-                return self.MALFORMED
-            self._chunked = True
-            self._cursor = self._body_start
-            return self.COMPLETE
-        if lengths:
-            if len(set(lengths)) != 1 or not _DIGITS.fullmatch(lengths[0]):
-                self.reason = "Content-Length must be one non-negative decimal integer"
-                return self.MALFORMED
-            self._content_length = int(lengths[0])
+        if self._chunked and self._reader.codings != [b"chunked"]:
+            self.reason = "the only transfer coding accepted is chunked"
+            return self.MALFORMED
         return self.COMPLETE
 
-    def _chunks(self) -> str:
-        data = self.data
-        while True:
-            line_end = data.find(b"\r\n", self._cursor, self._cursor + MAX_CHUNK_SIZE_LINE)
-            if line_end < 0:
-                if len(data) - self._cursor >= MAX_CHUNK_SIZE_LINE:
-                    self.reason = "a chunk-size line is too long"
-                    return self.MALFORMED
-                return self.INCOMPLETE
-            size_text = bytes(data[self._cursor:line_end]).split(b";", 1)[0].strip(b" \t")
-            if not _HEX.fullmatch(size_text):
-                self.reason = "a chunk size is not a hexadecimal number"
+    def _read_chunks(self) -> str:
+        while self._fed < len(self._tail) and not self._reader.message_complete:
+            piece = self._tail[self._fed]
+            self._fed += 1
+            state = self._parse(piece if isinstance(piece, memoryview) else memoryview(piece))
+            if state != self.COMPLETE:
+                return state
+        return self.COMPLETE if self._reader.message_complete else self.INCOMPLETE
+
+    def _parse(self, data: memoryview) -> str:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._chunked:  # llhttp reads no body after an upgrade
+                self.reason = "a request asking to upgrade the connection cannot have a chunked body"
                 return self.MALFORMED
-            size = int(size_text, 16)
-            data_start = line_end + 2
-            if size == 0:
-                # The trailer section ends with an empty line (usually right away).
-                if len(data) - data_start >= 2 and data[data_start:data_start + 2] == b"\r\n":
-                    return self.COMPLETE
-                if data.find(b"\r\n\r\n", data_start) >= 0:
-                    return self.COMPLETE
-                if len(data) - data_start > self.max_header_bytes:
-                    self.reason = f"the trailers are longer than {self.max_header_bytes} bytes"
-                    return self.HEADERS_TOO_LARGE
-                return self.INCOMPLETE
-            if self._body_bytes + size > self.max_body_bytes:
+        except httptools.HttpParserError as error:
+            if self._reader.too_large:
                 return self.TOO_LARGE
-            if len(data) < data_start + size + 2:
-                return self.INCOMPLETE
-            if data[data_start + size:data_start + size + 2] != b"\r\n":
-                self.reason = "a chunk does not end with CRLF"
+            if not self._reader.message_complete:  # else: the next (pipelined) message's fault
+                self.reason = str(error)
                 return self.MALFORMED
-            self._body_bytes += size
-            self._cursor = data_start + size + 2
+        return self.COMPLETE
 
 
 def problem_message(code: str, detail: str, headers: dict[str, str] | None = None) -> bytes:
@@ -322,6 +346,14 @@ class HeldUnreader(SocketUnreader):
         return bool(self._held) or bool(self.buf.getvalue())
 
 
+def _bytes_waiting(sock) -> bool:
+    """Bytes received for a non-blocking socket that nobody has read yet (a request under way)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK))
+    except OSError:  # nothing there (EAGAIN), or the connection is gone
+        return False
+
+
 class _Pending:
     __slots__ = ("conn", "framing", "deadline", "announced_continue")
 
@@ -364,6 +396,53 @@ class BufferingWorker(ThreadWorker):
         warming = threading.Thread(target=warm_up, args=(self.wsgi,), name="edgecut-warm-up", daemon=True)
         warming.start()
         warming.join(WARM_UP_WAIT)
+
+    # --- connections past worker_connections --------------------------------------------------
+
+    def accept(self, listener):
+        # gthread stops accepting at worker_connections, and a connection that never sends a byte
+        # keeps its place until REQUEST_READ_TIMEOUT: enough of them and every new client waits in
+        # the listen backlog. Here a place is made by closing the connection idle longest (kept
+        # alive, or accepted and silent: nginx reuses its own so), and while every connection is
+        # in the middle of a request a newcomer is answered 503 at once.
+        if self.nr_conns + 1 >= self.worker_connections and not self._close_an_idle_connection():
+            self._turn_away(listener)
+            return
+        super().accept(listener)
+
+    def _close_an_idle_connection(self) -> bool:
+        for conn in self.keepalived_conns:  # oldest first
+            if not _bytes_waiting(conn.sock):
+                self.keepalived_conns.remove(conn)
+                try:
+                    self.poller.unregister(conn.sock)
+                except (KeyError, ValueError, OSError):
+                    pass
+                self.nr_conns -= 1
+                conn.close()
+                return True
+        for pending in self.buffering.values():  # oldest first
+            if not pending.framing.size and not _bytes_waiting(pending.conn.sock):
+                self._park_end(pending)
+                self._close(pending)
+                return True
+        return False
+
+    def _turn_away(self, listener) -> None:
+        try:
+            sock, _ = listener.accept()
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+            return
+        try:
+            sock.setblocking(False)
+            sock.send(problem_message("server-busy", "the server has too many connections open; retry shortly",
+                                      {"Retry-After": str(self.retry_after)}))
+            sock.recv(RECV_BYTES)  # what the client sent: closed unread, it would reset the answer
+        except OSError:
+            pass
+        sock.close()
 
     # --- buffering in the event loop ----------------------------------------------------------
 
@@ -458,6 +537,10 @@ class BufferingWorker(ThreadWorker):
         super().enqueue_req(conn)
 
     def handle_request(self, req, conn):
+        # The whole request is here: the client has had its 100 Continue from the event loop, if
+        # it waited for one, and gunicorn's own would be a second (gunicorn 27's request field).
+        if self._bufferable(conn):
+            req._expected_100_continue = False
         body, conn.held_body = getattr(conn, "held_body", None), None
         # The body the event loop holds, handed to the application as the one bytes object it
         # was joined into: gunicorn's body reader would copy it three times more (the held

@@ -22,12 +22,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 class LiveServer:
     def __init__(self, env: dict[str, str], workers: int = 2, threads: int = 4, log: Path | None = None,
-                 worker_class: str = "service.worker.BufferingWorker", config: str | None = None):
+                 worker_class: str = "service.worker.BufferingWorker", config: str | None = None,
+                 gunicorn_args: tuple[str, ...] = ()):
         self.port = free_port()
         self.worker_class = worker_class
         self.config = config  # a gunicorn --config (the project's: "python:service.gunicorn_conf")
         self.workers = workers
         self.threads = threads
+        self.gunicorn_args = gunicorn_args  # more flags, e.g. ("--worker-connections", "16")
         self.env = {**os.environ, **env, "PYTHONPATH": str(REPO)}
         self.log = log or Path(tempfile.mkstemp(prefix="edgecut-gunicorn-", suffix=".log")[1])
         self.process: subprocess.Popen | None = None
@@ -40,7 +42,7 @@ class LiveServer:
         argv = [sys.executable, "-m", "gunicorn", *(("--config", self.config) if self.config else ()),
                 "--workers", str(self.workers), "--worker-class", self.worker_class,
                 "--threads", str(self.threads), "--bind", f"127.0.0.1:{self.port}", "--timeout", "30",
-                "--graceful-timeout", "3", "--log-level", "warning", "service.app:create_app()"]
+                "--graceful-timeout", "3", "--log-level", "warning", *self.gunicorn_args, "service.app:create_app()"]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout

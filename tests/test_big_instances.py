@@ -450,4 +450,4 @@ def test_a_body_fed_in_pieces_is_framed_whole_once_it_is_all_there():
             framing.feed(piece)
             fed += len(piece)
             assert framing.verdict() == (Framing.COMPLETE if fed == len(raw) else Framing.INCOMPLETE)
-            assert framing.size == fed and bytes(framing.data) == raw[:fed]
+            assert framing.size == fed and b"".join(framing.pieces()) == raw[:fed]

@@ -54,7 +54,14 @@ HEAD = b"POST /v1/select HTTP/1.1\r\nHost: x\r\n"
     (HEAD + b"Transfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n0\r\nX-T: 1\r\n\r\n", Framing.COMPLETE),
     (HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n", Framing.MALFORMED),
     (HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabcd\r\n", Framing.MALFORMED),
-    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n40\r\n" + b"a" * 64 + b"\r\n40\r\n", Framing.TOO_LARGE),
+    # Refused as soon as the chunks' data, not yet their announced sizes, pass the limit.
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n40\r\n" + b"a" * 64 + b"\r\n40\r\n", Framing.INCOMPLETE),
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n40\r\n" + b"a" * 64 + b"\r\n40\r\n" + b"a" * 40, Framing.TOO_LARGE),
+    (HEAD + b"Content-Length: 5\r\nContent-Length: 5\r\n\r\nabcde", Framing.MALFORMED),
+    (HEAD + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", Framing.MALFORMED),
+    (b"GET /healthz HTTP/1.1\nHost: x\n\n", Framing.MALFORMED),
+    (b"\x16\x03\x01\x02\x00\x01", Framing.MALFORMED),  # not HTTP: refused before any empty line
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n", Framing.COMPLETE),
     (b"GET /" + b"a" * 300, Framing.HEADERS_TOO_LARGE),
 ])
 def test_framing_verdicts(raw, verdict):
@@ -388,3 +395,106 @@ def test_the_bad_input_catalogue_over_the_wire(live):
     assert not failures
     peaks = _peak_rss(server.worker_pids())
     assert peaks and max(peaks.values()) < RSS_LIMIT_BYTES, peaks
+
+
+# --- one small worker: its buffer budget, its connections, 100 Continue ----------------------
+
+SMALL_BUDGET = 150_000
+SMALL_CONNECTIONS = 16
+
+
+@pytest.fixture(scope="module")
+def small():
+    """One worker of two threads with the embedded store, a 150 kB buffer budget and room for
+    16 connections."""
+    server = LiveServer({"REDIS_URL": "", "REQUEST_BUFFER_BYTES": str(SMALL_BUDGET), "MAX_BODY_BYTES": "100000",
+                         "REQUEST_READ_TIMEOUT": "10"}, workers=1, threads=2,
+                        gunicorn_args=("--worker-connections", str(SMALL_CONNECTIONS)))
+    server.start()
+    yield server
+    server.stop()
+
+
+def _answers_quickly(url: str) -> bool:
+    try:
+        return requests.get(url + "/healthz", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+@pytest.fixture
+def quiet_small(small):
+    """The small server once every connection a previous test opened has been closed."""
+    deadline = time.monotonic() + 5
+    while not _answers_quickly(small.url) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return small
+
+
+def _stalled_upload(port: int, sent: int, announced: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"POST /v1/instances HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % announced + b" " * sent)
+    return sock
+
+
+def test_one_100_continue_for_a_request_that_waits_for_it(quiet_small):
+    body = orjson.dumps(TRIAGE)
+    with socket.create_connection(("127.0.0.1", quiet_small.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/instances HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Expect: 100-continue\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body))
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += sock.recv(65536)
+        assert received.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), received
+        sock.sendall(body)
+        while chunk := sock.recv(65536):  # Connection: close: the server ends the stream
+            received += chunk
+    assert received.count(b" 100 Continue") == 1, received
+    assert b"HTTP/1.1 201 " in received, received
+
+
+def test_a_request_past_the_buffer_budget_is_503_and_the_rest_still_served(quiet_small):
+    port = quiet_small.port
+    stalled = [_stalled_upload(port, 70_000, 90_000) for _ in range(2)]  # 140 kB of the 150 kB held
+    try:
+        # A round trip after both were sent: the event loop has read what they sent.
+        assert _answers_quickly(quiet_small.url)
+        with _stalled_upload(port, 20_000, 90_000) as third:
+            assert_raw_problem(read_response(third), 503, "server-busy")
+        status, headers, _ = raw_exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 200
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_idle_connections_past_worker_connections_do_not_stall_a_request(quiet_small):
+    idle = [socket.create_connection(("127.0.0.1", quiet_small.port), timeout=10)
+            for _ in range(3 * SMALL_CONNECTIONS)]
+    try:
+        started = time.monotonic()
+        assert requests.get(quiet_small.url + "/healthz", timeout=5).status_code == 200
+        assert time.monotonic() - started < 1.0
+        # The ones idle longest were closed to make room.
+        closed = 0
+        for sock in idle[:2 * SMALL_CONNECTIONS]:
+            sock.settimeout(2)
+            closed += sock.recv(1) == b""
+        assert closed == 2 * SMALL_CONNECTIONS
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_connection_past_worker_connections_all_busy_is_503_at_once(quiet_small):
+    port = quiet_small.port
+    busy = [_stalled_upload(port, 10, 1000) for _ in range(SMALL_CONNECTIONS - 1)]
+    try:
+        assert _answers_quickly(quiet_small.url) is False  # a 503, not a wait
+        started = time.monotonic()
+        assert_raw_problem(raw_exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), 503, "server-busy")
+        assert time.monotonic() - started < 1.0
+    finally:
+        for sock in busy:
+            sock.close()
