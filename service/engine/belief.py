@@ -250,8 +250,6 @@ class Belief:
         Statistics registered in statistics.py are computed on request beside these
         (:func:`~.statistics.outcome_stats`).
         """
-        from .statistics import outcome_stats  # statistics.py builds on this module
-
         return outcome_stats(self, statistics)
 
 
@@ -770,3 +768,7 @@ def _add_likelihood_block(sums: _Sums, by_outcome: np.ndarray, rows, weight: np.
         scaled = np.multiply(cells, weight[:, None], out=sums.buffer(cells.shape))
         largest = sums.outcome_major_sum("max")
         np.maximum(largest, scaled.max(axis=0), out=largest)
+
+
+# Last: statistics.py builds on this module, and every name it imports from here is defined now.
+from .statistics import outcome_stats  # noqa: E402

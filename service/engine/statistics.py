@@ -224,7 +224,9 @@ def outcome_stats(belief: Belief, statistics: Iterable[str]) -> OutcomeStats:
     """p, b, the reductions of α and the registered statistics named in ``statistics``: one pass
     over α for the reductions (and for p, unless a registered statistic gives it), then each
     registered statistic by its function."""
-    wanted = frozenset(statistics)
+    wanted = statistics if isinstance(statistics, frozenset) else frozenset(statistics)
+    if wanted <= CLASS_REDUCTIONS:  # the usual step: one pass over α and nothing else
+        return reduce_over_classes(belief, wanted)
     unknown = wanted - CLASS_REDUCTIONS - STATISTICS.keys()
     if unknown:
         raise ValueError(f"unknown statistics {sorted(unknown)}")
