@@ -29,7 +29,7 @@ import random
 import sys
 
 from edgecut import Client, EdgecutError
-from schemas.api import SessionState
+from schemas.responses import SessionState
 from service.examples import lotteries
 
 
@@ -52,13 +52,14 @@ def run_subject(client: Client, instance_id: str, subject: lotteries.Hypothesis,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL (default %(default)s)")
     parser.add_argument("--study", choices=lotteries.STUDIES, default="fixed",
-                        help="fixed (0.6 MB of JSON) or uncertain (6 MB: may need MAX_BODY_BYTES)")
-    parser.add_argument("--subjects", type=int, default=3)
-    parser.add_argument("--tests", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
+                        help="fixed: one parameter set per theory (0.6 MB of JSON); uncertain: a grid of "
+                        "parameters (6.1 MB, within the default MAX_BODY_BYTES) (default %(default)s)")
+    parser.add_argument("--subjects", type=int, default=3, help="simulated subjects (default %(default)s)")
+    parser.add_argument("--tests", type=int, default=30, help="tests per subject (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the subjects and their answers")
     args = parser.parse_args(argv)
     with Client(args.url, timeout=60) as client:
         try:

@@ -89,10 +89,10 @@ def wealth_report(subjects: int, seed: int, offsets=(11.0, 21.0, 51.0)) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("report", choices=("tests", "wealth"))
-    parser.add_argument("--subjects", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("report", choices=("tests", "wealth"), help="which diagnostic (described above)")
+    parser.add_argument("--subjects", type=int, default=300, help="simulated subjects (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the subjects")
     args = parser.parse_args(argv)
     report = tests_report if args.report == "tests" else wealth_report
     print(report(args.subjects, args.seed))

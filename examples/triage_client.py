@@ -21,11 +21,13 @@ INSTANCE = json.loads((Path(__file__).parent / "triage" / "instance.json").read_
 
 def main(argv: list[str] | None = None) -> int:
     conditions = {h["id"]: h for h in INSTANCE["hypotheses"]}
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL (default %(default)s)")
     parser.add_argument("--api-key", help="when the service has API_KEYS set")
-    parser.add_argument("--condition", choices=sorted(conditions), default="appendicitis")
-    parser.add_argument("--ask", action="store_true", help="answer each test at the keyboard")
+    parser.add_argument("--condition", choices=sorted(conditions), default="appendicitis", metavar="CONDITION",
+                        help="the condition whose answers are given (default %(default)s): "
+                        + ", ".join(sorted(conditions)))
+    parser.add_argument("--ask", action="store_true", help="answer each test at the keyboard instead")
     args = parser.parse_args(argv)
 
     with Client(args.url, api_key=args.api_key) as client:

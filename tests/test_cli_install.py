@@ -17,6 +17,7 @@ the package index pip is configured with) covers the install itself.
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import os
 import re
@@ -231,3 +232,14 @@ def test_the_quick_start_install_in_a_fresh_venv(tmp_path):
     plot = subprocess.run([str(bin_dir / "edgecut"), "evaluate", TRIAGE, "--plot", "x.png"], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert_one_line_install_hint(plot)
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.py")))
+def test_every_example_script_explains_itself_in_full(quick_start_env, example):
+    script = REPO / "examples" / example
+    result = subprocess.run([sys.executable, str(script), "--help"], cwd=REPO, env=quick_start_env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    docstring = ast.get_docstring(ast.parse(script.read_text()))
+    first_paragraph = docstring.split("\n\n")[0]
+    assert first_paragraph in result.stdout, "the help shows the script's description whole"
