@@ -19,6 +19,10 @@ FROM python:3.11.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PROMETHEUS_MULTIPROC_DIR=/tmp/edgecut-metrics
+# Graphviz's dot draws the policy trees (/ui's tree panel, /v1/tree as SVG or PNG).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends graphviz \
+ && rm -rf /var/lib/apt/lists/*
 RUN useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin edgecut \
  && mkdir -p /tmp/edgecut-metrics && chown edgecut /tmp/edgecut-metrics
 # Mounted, not copied: the wheels never become a layer of the final image.
