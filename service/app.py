@@ -50,7 +50,8 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
                              redis_cluster=settings.redis_cluster, redis_wait_replicas=settings.redis_wait_replicas,
                              redis_wait_timeout_ms=settings.redis_wait_timeout_ms)
     domain = Sessions(store, session_ttl=settings.session_ttl, max_cells=settings.max_cells,
-                      max_compiled_bytes=settings.max_compiled_bytes, step_cache_bytes=settings.step_cache_bytes)
+                      max_compiled_bytes=settings.max_compiled_bytes, step_cache_bytes=settings.step_cache_bytes,
+                      max_observations=settings.session_max_observations, time_limit=settings.session_time_limit)
     app.extensions[EXTENSION] = Services(settings=settings, store=store, sessions=domain)
 
     register_problems(app, retry_after_seconds=settings.retry_after_seconds)

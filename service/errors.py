@@ -86,3 +86,14 @@ class UnknownTests(ServiceError):
     """Test ids in a request field that the instance does not have; ``errors`` gives each path."""
 
     code = "unknown-test"
+
+
+class LimitExceeded(ServiceError):
+    """Over a service limit; the message names the setting that raises it."""
+
+    code = "limit-exceeded"
+
+    def __init__(self, setting: str, limit: int, what: str, errors: list[dict[str, str]] | None = None):
+        super().__init__(f"{what}; the limit ({setting}) is {limit}", errors)
+        self.setting = setting
+        self.limit = limit

@@ -111,6 +111,12 @@ class Settings(BaseSettings):
         "longest id or label, characters (413 `limit-exceeded`; the wire schema's own cap is 200)"))
     max_observations_per_request: int = Field(default=10_000, ge=1, le=10_000, description=(
         "most observations in one request (413 `limit-exceeded`; the wire schema's own cap is 10 000)"))
+    session_max_observations: int = Field(default=10_000, ge=1, description=(
+        "observations one session may hold, answers, repeated answers and skips (413 `limit-exceeded`, with "
+        "the path of the first observation past it)"))
+    session_time_limit: float = Field(default=5.0, gt=0, description=(
+        "seconds of work one request to a session (a batch of observations) may take; past it 422 `infeasible` "
+        "and nothing is stored"))
     # --- Evaluation and tree export over HTTP (docs/evaluation.md) ----------------------------
     # Past each limit the request is refused 422 naming it, so a worker is never held long.
     evaluation_time_limit: float = Field(default=10.0, ge=0, description=(

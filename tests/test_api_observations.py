@@ -372,3 +372,95 @@ def test_a_step_keys_bytes_bound_its_labels_and_observations_from_above():
     held = (sum(sys.getsizeof(label) for pair in observations for label in pair)
             + sys.getsizeof("a much longer test id é") + OBSERVATION_BYTES * len(observations) + KEY_BYTES)
     assert key_bytes(key, inst) >= held
+
+
+# --- what one session holds, and what one request may cost --------------------------------------
+
+# One repeatable test whose answers cancel in pairs: a session that never stops by itself.
+COIN = {"tests": [{"id": "swab", "outcomes": ["neg", "pos"], "repeatable": True}],
+        "hypotheses": [{"id": "well", "class": "well", "likelihoods": {"swab": {"neg": 0.8, "pos": 0.2}}},
+                       {"id": "ill", "class": "ill", "likelihoods": {"swab": {"neg": 0.2, "pos": 0.8}}}]}
+
+
+def _answers(n: int, start: int = 0) -> list[dict]:
+    return [{"test": "swab", "outcome": "pos" if i % 2 else "neg"} for i in range(start, start + n)]
+
+
+COIN_AND_XRAY = {"tests": [*COIN["tests"], {"id": "xray", "outcomes": ["clear", "shadow"]}],
+                 "hypotheses": [{**h, "likelihoods": {**h["likelihoods"], "xray": {"clear": 0.5, "shadow": 0.5}}}
+                                for h in COIN["hypotheses"]]}
+
+
+def test_a_session_holds_at_most_session_max_observations(app_config):
+    app = create_app({**app_config, "session_max_observations": 5})
+    client = app.test_client()
+    sid = new_session(client, COIN, confidence=0.999)["session_id"]
+    assert observe(client, sid, {"observations": _answers(3)}, headers={"If-Match": '"1"'}).status_code == 200
+    before = stored(app, sid)
+    # Two more fit, the third does not: it is named, and nothing is stored.
+    body = assert_problem(observe(client, sid, {"observations": _answers(4, 3)}, headers={"If-Match": '"2"'}),
+                          413, "limit-exceeded")
+    assert "SESSION_MAX_OBSERVATIONS" in body["detail"] and body["errors"][0]["path"] == "observations[2]"
+    assert stored(app, sid) == before
+    assert observe(client, sid, {"observations": _answers(2, 3)}, headers={"If-Match": '"2"'}).status_code == 200
+    body = assert_problem(observe(client, sid, {"test": "swab", "outcome": "neg"}, headers={"If-Match": '"3"'}),
+                          413, "limit-exceeded")
+    assert body["errors"][0]["path"] == "test"
+    assert stored(app, sid).observations == tuple(("swab", a["outcome"]) for a in _answers(5))
+
+
+def test_replays_are_not_counted_against_session_max_observations(app_config):
+    app = create_app({**app_config, "session_max_observations": 2})
+    client = app.test_client()
+    sid = new_session(client, COIN_AND_XRAY, confidence=0.999)["session_id"]
+    assert observe(client, sid, {"test": "xray", "outcome": "clear"}).status_code == 200
+    posted = [{"test": "xray", "outcome": "clear"}, *_answers(2)]  # a replay, then two new answers
+    body = assert_problem(observe(client, sid, {"observations": posted}, headers={"If-Match": '"2"'}),
+                          413, "limit-exceeded")
+    assert body["errors"][0]["path"] == "observations[2]"  # the second answer: the replay holds no room
+    assert observe(client, sid, {"observations": posted[:2]}, headers={"If-Match": '"2"'}).status_code == 200
+    assert observe(client, sid, {"test": "xray", "outcome": "clear"}).status_code == 200  # a replay, when full
+
+
+class _Ticking:
+    """A work timer that advances one second every time it is read."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_a_batch_that_would_work_past_session_time_limit_is_422_and_stores_nothing(app_config):
+    from service.api.context import EXTENSION
+
+    app = create_app({**app_config, "session_time_limit": 3.5})
+    app.extensions[EXTENSION].sessions.timer = _Ticking()
+    client = app.test_client()
+    sid = new_session(client, COIN, confidence=0.999)["session_id"]
+    before = stored(app, sid)
+    body = assert_problem(observe(client, sid, {"observations": _answers(6)}, headers={"If-Match": '"1"'}),
+                          422, "infeasible")
+    assert "SESSION_TIME_LIMIT" in body["detail"]
+    assert stored(app, sid) == before
+    # Read once when the request starts and once per observation after the first: three fit.
+    assert observe(client, sid, {"observations": _answers(3)}, headers={"If-Match": '"1"'}).status_code == 200
+
+
+def test_a_batch_writes_the_json_of_one_state_however_long_it_is(client, monkeypatch):
+    # The states between a batch's observations are checked (is the session done?) but never
+    # rendered: rendering each would copy the growing history once per observation.
+    from service.sessions import steps as steps_module
+
+    rendered = []
+    original = steps_module.step_of
+    monkeypatch.setattr(steps_module, "step_of", lambda *args: rendered.append(args[2].belief) or original(*args))
+    sid = new_session(client, COIN, confidence=0.999)["session_id"]
+    rendered.clear()
+    for n, tag in ((1, '"1"'), (50, '"2"')):
+        state = observe(client, sid, {"observations": _answers(n)}, headers={"If-Match": tag}).get_json()
+        assert len(rendered) == 1 and len(rendered[0].observations) == state["step"]
+        rendered.clear()
+    assert state["step"] == 51

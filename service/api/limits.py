@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from schemas.api import ObservationCorrection, ObservationsRequest, SelectRequest, StepConfig
 from schemas.instance import Instance
-from service.errors import ServiceError
+from service.errors import LimitExceeded
 from service.settings import Settings
 
 # A JSON string: quote, then runs of plain characters or escapes (unrolled: linear time).
@@ -39,15 +39,6 @@ _BRACKET_STEP = np.zeros(256, dtype=np.int8)
 _BRACKET_STEP[list(b"[{")] = 1
 _BRACKET_STEP[list(b"]}")] = -1
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-
-
-class LimitExceeded(ServiceError):
-    code = "limit-exceeded"
-
-    def __init__(self, setting: str, limit: int, what: str):
-        super().__init__(f"{what}; the limit ({setting}) is {limit}")
-        self.setting = setting
-        self.limit = limit
 
 
 def _bracket_depth(raw: bytes) -> int:

@@ -128,7 +128,7 @@ def delete(session_id: str) -> Response:
 def observe(session_id: str) -> Response:
     posted = parse_body(ObservationsRequest)
     result = sessions().observe(session_id, posted.labelled(), tenant(), if_match=_if_match(),
-                                explain=flag("explain"))
+                                explain=flag("explain"), listed=posted.observations is not None)
     return _respond(result)
 
 

@@ -29,6 +29,7 @@ class Change(NamedTuple):
 
     observations: Labelled  # all of them, in order
     applied: int = 0  # how many are new (counted in OBSERVATIONS_APPLIED)
+    observed: Observed | None = None  # the belief after them, when the operation has it
 
 
 class Operation(Protocol):
@@ -97,7 +98,7 @@ class Writer:
         this worker remembered that another has moved on from) costs no step."""
         key = session_key(record, compiled, change.observations)
         step = self.steps.get(key)  # computed already: they are consistent
-        observed: Observed | None = None if step is not None else self.steps.observe(compiled, key)
+        observed = None if step is not None else change.observed or self.steps.observe(compiled, key)
         updated = record.with_observations(change.observations, expires_at=self.clock() + self.session_ttl)
         try:
             self.store.update_session(updated, expected_version=record.version)

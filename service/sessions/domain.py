@@ -24,6 +24,7 @@ from .commit import Writer
 from .corrections import Correct, Withdraw
 from .idempotency import replay
 from .observations import Observe, labels_of
+from .pages import Deadline
 from .records import instance_of_session, session_record
 from .state import SessionResult, instance_summary, listing_item, step_json
 from .steps import Steps, step_key
@@ -37,8 +38,14 @@ class Sessions:
 
     def __init__(self, store: SessionStore, *, session_ttl: int, max_cells: int,
                  max_compiled_bytes: int, step_cache_bytes: int = 64 * 1024 * 1024,
-                 clock: Callable[[], float] = time.time):
+                 max_observations: int = 10_000, time_limit: float = 5.0,
+                 clock: Callable[[], float] = time.time, timer: Callable[[], float] = time.thread_time):
+        """``max_observations``, ``time_limit``: SESSION_MAX_OBSERVATIONS and SESSION_TIME_LIMIT;
+        ``clock`` dates expiries, ``timer`` measures work against the time limit."""
         self.store = store
+        self.max_observations = max_observations
+        self.time_limit = time_limit
+        self.timer = timer
         self.session_ttl = session_ttl
         self.max_cells = max_cells
         self.max_compiled_bytes = max_compiled_bytes
@@ -132,9 +139,13 @@ class Sessions:
             raise SessionNotFound(f"no session '{session_id}' (unknown, expired or deleted)")
 
     def observe(self, session_id: str, labelled: Sequence[tuple[str, str | None]], tenant: str = DEFAULT_TENANT,
-                if_match: Callable[[int], bool] | None = None, explain: bool = False) -> SessionResult:
-        """Record observations (answers and skips) in order, all or nothing (:class:`Observe`)."""
-        return self.writer.update(session_id, tenant, Observe(self.steps, labelled, if_match), explain)
+                if_match: Callable[[int], bool] | None = None, explain: bool = False,
+                listed: bool = True) -> SessionResult:
+        """Record observations (answers and skips) in order, all or nothing (:class:`Observe`;
+        ``listed``: posted as a list, not as one observation)."""
+        operation = Observe(self.steps, labelled, if_match, self.max_observations,
+                            Deadline.after(self.time_limit, self.timer), listed)
+        return self.writer.update(session_id, tenant, operation, explain)
 
     def correct(self, session_id: str, test: str, correction: ObservationCorrection, occurrence: int | None = None,
                 tenant: str = DEFAULT_TENANT, if_match: Callable[[int], bool] | None = None,

@@ -6,11 +6,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from service import engine
-from service.errors import PreconditionFailed, PreconditionRequired, SessionDone
+from service.errors import LimitExceeded, PreconditionFailed, PreconditionRequired
 from service.store import SessionRecord
 
 from .commit import Change
-from .pages import last_page
+from .pages import Deadline, walk
 from .steps import Labelled, Steps
 
 
@@ -28,6 +28,9 @@ class Observe:
     steps: Steps
     labelled: Sequence[tuple[str, str | None]]
     if_match: Callable[[int], bool] | None
+    max_observations: int  # SESSION_MAX_OBSERVATIONS
+    deadline: Deadline
+    listed: bool = True  # posted as {observations: [...]}, not as one {test, ...}
 
     def plan(self, record: SessionRecord, compiled: engine.CompiledInstance) -> Change | None:
         fresh = new_observations(compiled, record, self.labelled)
@@ -42,16 +45,24 @@ class Observe:
             raise PreconditionFailed(f"If-Match does not name the session's current version (\"{record.version}\")")
         if not fresh:
             return None
-        observations = record.observations
-        for observation in fresh:
-            # The step before each new observation (the one before the first was computed when
-            # the record was written) raises InconsistentObservation for an earlier one.
-            state = self.steps.of_session(record, compiled, observations)
-            if state.done and observation[0] not in last_page(self.steps, record, compiled, observations):
-                raise SessionDone(f"the session stopped ({state.stop_reason}) before '{observation[0]}' was "
-                                  "observed; start a new session to go on")
-            observations = (*observations, observation)
-        return Change(observations, len(fresh))
+        room = self.max_observations - len(record.observations)
+        if len(fresh) > room:
+            self.refuse_past(room, fresh)
+        observed = walk(self.steps, record, compiled, fresh, self.deadline)
+        return Change((*record.observations, *fresh), len(fresh), observed)
+
+    def refuse_past(self, room: int, fresh: Labelled) -> None:
+        """Refuse the request, naming the first posted observation past the session's room."""
+        position, matched = 0, 0  # the fresh observations are the posted ones in order, replays left out
+        for position, observation in enumerate(self.labelled):
+            if matched < len(fresh) and tuple(observation) == fresh[matched]:
+                if matched == max(room, 0):
+                    break
+                matched += 1
+        path = f"observations[{position}]" if self.listed else "test"
+        raise LimitExceeded("SESSION_MAX_OBSERVATIONS", self.max_observations,
+                            f"the session holds {self.max_observations - room} observations and {len(fresh)} more "
+                            "were posted", [{"path": path, "message": "past the session's observations"}])
 
 
 def new_observations(compiled: engine.CompiledInstance, record: SessionRecord,

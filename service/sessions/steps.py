@@ -71,6 +71,19 @@ def belief_bytes(belief: engine.Belief) -> int:
     return sum(a.nbytes for a in arrays.values())
 
 
+def decide(compiled: engine.CompiledInstance, key: StepKey, belief: engine.Belief,
+           batch_size: int | None = None) -> engine.Decision:
+    """The engine's decision on ``belief`` under the key's policy and rules (``batch_size``: the
+    key's unless given)."""
+    excluded = None
+    if key.excluded:
+        excluded = np.zeros(compiled.n_tests, dtype=bool)
+        excluded[[compiled.test_index[t] for t in key.excluded]] = True
+    # The key holds the seed whenever the policy draws from it.
+    return engine.decide(belief, engine.resolve_policy(compiled, key.policy), key.rules, key.seed or 0, excluded,
+                         key.batch_size if batch_size is None else batch_size)
+
+
 class _Entry(NamedTuple):
     step: Step
     belief: engine.Belief | None  # None when not kept (see StepCache)
@@ -96,12 +109,17 @@ class StepCache(ByteBoundedLRU):
     misses = 0
 
     def get(self, key: StepKey) -> Step | None:
+        entry = self.lookup(key)
+        return None if entry is None else entry[0]
+
+    def lookup(self, key: StepKey) -> Computed | None:
+        """The step and the belief it was computed from (None when not kept)."""
         entry = self._lookup(key)
         if entry is None:
             self.misses += 1
             return None
         self.hits += 1
-        return entry.step
+        return entry.step, entry.belief
 
     def computed(self, key: StepKey) -> Computed | None:
         """The step and the belief it was computed from (None when not kept), without touching
@@ -138,6 +156,17 @@ class Steps:
         """The step after ``observations`` in ``record``'s session."""
         return self.compute(compiled, session_key(record, compiled, observations))
 
+    def computed(self, record: SessionRecord, compiled: engine.CompiledInstance,
+                 observations: Labelled) -> tuple[Step, engine.Belief]:
+        """The step after ``observations`` in ``record``'s session, and its belief."""
+        key = session_key(record, compiled, observations)
+        entry = self.cache.lookup(key)
+        if entry is not None and entry[1] is not None:
+            return entry  # type: ignore[return-value]
+        observed = self.observe(compiled, key)
+        step = entry[0] if entry is not None else self.compute(compiled, key, observed)
+        return step, observed.belief
+
     def compute(self, compiled: engine.CompiledInstance, key: StepKey, observed: Observed | None = None) -> Step:
         """The step ``key`` names (``observed``: its belief, from :meth:`observe`, given by a caller
         that found no step under ``key``)."""
@@ -146,13 +175,7 @@ class Steps:
             with SELECTION_SECONDS.time():
                 if observed is None:
                     observed = self.observe(compiled, key)
-                excluded_mask = None
-                if key.excluded:
-                    excluded_mask = np.zeros(compiled.n_tests, dtype=bool)
-                    excluded_mask[[compiled.test_index[t] for t in key.excluded]] = True
-                # The key holds the seed whenever the policy draws from it.
-                decision = engine.decide(observed.belief, engine.resolve_policy(compiled, key.policy), key.rules,
-                                         key.seed or 0, excluded_mask, key.batch_size)
+                decision = decide(compiled, key, observed.belief)
             step = step_of(compiled, key.policy, decision, observed.previous)
             self.cache.put(key, step, observed.belief)
         return step
