@@ -57,7 +57,7 @@ from service.engine import belief as belief_module  # noqa: E402
 N_CLASSES = 20
 SIZES = [(1_000, 100), (10_000, 1_000), (100_000, 1_000)]
 SINGLETON_SIZES = [(10_000, 1_000)]  # also run with C = n classes
-GOALS = {  # (policy, n, N, ℓ, classes) -> milliseconds (issue 2; C = n: every hypothesis its class)
+GOALS = {  # (policy, n, N, ℓ, classes) -> milliseconds (C = n: every hypothesis its own class)
     ("ec2", 10_000, 1_000, 2, N_CLASSES): 5.0,
     ("ec2", 10_000, 1_000, 4, N_CLASSES): 30.0,
     ("ec2", 10_000, 1_000, 2, "n"): 30.0,
