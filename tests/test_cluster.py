@@ -21,7 +21,7 @@ from conftest import RedisClusterServers, RedisServer, free_port
 from live_server import LiveServer
 from service.app import create_app
 from service.store import StoreUnavailable
-from service.store.redis_client import is_full, is_unavailable
+from service.store.redis_client import is_full, is_unavailable, redis_errors
 from service.store.redis_store import RedisStore
 from tests.test_faults import ladder
 
@@ -329,3 +329,23 @@ def test_killing_a_master_under_load_fails_over_without_restarting_the_service(t
         for server in servers:
             server.stop()
         cluster.stop()
+
+
+@pytest.mark.parametrize("operation", ["script", "transaction"])
+def test_keys_of_one_operation_in_two_slots_are_a_bug_not_a_503(redis_cluster, operation):
+    # The cluster client refuses such an operation itself, before any server answers: that is a
+    # mistake in our keys, and hiding it as "retry later" would retry it for ever.
+    client = redis.RedisCluster.from_url(redis_cluster.url)
+    keys = ["cross:{a}:x", "cross:{b}:y"]
+    assert client.keyslot(keys[0]) != client.keyslot(keys[1])
+    try:
+        with pytest.raises((redis.exceptions.RedisError, redis.exceptions.RedisClusterException)) as raised:
+            with redis_errors():
+                if operation == "script":
+                    client.execute_command("EVAL", "return 1", 2, *keys)
+                else:
+                    with client.pipeline(transaction=True) as pipe:
+                        pipe.set(keys[0], 1).set(keys[1], 1).execute()
+        assert not isinstance(raised.value, StoreUnavailable)
+    finally:
+        client.close()

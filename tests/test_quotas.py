@@ -27,10 +27,25 @@ def record(sid: str, tenant: str = "public") -> SessionRecord:
     return SessionRecord(session_id=sid, instance_id="i", policy="ec2", tenant=tenant)
 
 
-def test_encoded_size_is_at_least_what_the_codec_writes():
-    for payload in (TRIAGE, QUAD, NOISY):
-        header, body = encode(compiled(payload))
-        assert len(header) + len(body) <= encoded_size(compiled(payload)) <= len(header) + len(body) + 640
+def binary(n: int, n_tests: int) -> dict:
+    """Two outcomes per test: the store keeps the outcomes one bit per cell."""
+    return {"tests": [{"id": f"t{j}", "outcomes": ["0", "1"]} for j in range(n_tests)],
+            "matrix": [[(i >> (j % 12)) & 1 for j in range(n_tests)] for i in range(n)],
+            "classes": [f"c{i % 7}" for i in range(n)]}
+
+
+@pytest.mark.parametrize("payload", [TRIAGE, QUAD, NOISY, binary(2000, 100)], ids=["triage", "quad", "noisy", "binary"])
+def test_encoded_size_is_exactly_what_the_codec_writes(payload):
+    header, body = encode(compiled(payload))
+    assert encoded_size(compiled(payload)) == len(header) + len(body)
+
+
+def test_an_instance_of_exactly_the_byte_quota_is_stored(store_env):
+    triage, quad = compiled(TRIAGE), compiled(QUAD)
+    store = store_env.make(quotas=Quotas(stored_bytes=encoded_size(triage) + encoded_size(quad)))
+    assert store.put_instance(triage) is True
+    assert store.put_instance(quad) is True  # the quota reached exactly, not passed
+    assert store.get_instance(quad.content_hash) is not None
 
 
 def test_live_sessions_are_limited_per_tenant(store_env):

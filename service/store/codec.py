@@ -55,6 +55,26 @@ class CorruptInstance(ValueError):
 
 def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
     """The (header, body) pair for ``instance``."""
+    parts = _stored_arrays(instance)
+    # Each array copied once, by the join.
+    body = b"".join(memoryview(np.ascontiguousarray(array)).cast("B") for _, _, _, array in parts)
+    header = _header(instance, parts)
+    header["checksum"] = _checksum(orjson.dumps(header), body)
+    return orjson.dumps(header), body
+
+
+def encoded_size(instance: CompiledInstance) -> int:
+    """``len(header) + len(body)`` of :func:`encode`, without copying the arrays: what the
+    instance takes in the store (outcomes packed to bits where they are), and what the
+    per-tenant byte quota counts."""
+    parts = _stored_arrays(instance)
+    header = _header(instance, parts)
+    header["checksum"] = _checksum(b"", b"")  # the same length whatever it covers
+    return len(orjson.dumps(header)) + sum(array.nbytes for _, _, _, array in parts)
+
+
+def _stored_arrays(instance: CompiledInstance) -> list[tuple[str, str, list[int], np.ndarray]]:
+    """(name, stored dtype, logical shape, the array whose bytes are stored), in :data:`_ORDER`."""
     arrays = {
         "costs": instance.costs.astype("<f8", copy=False),
         "class_index": instance.class_index.astype("<i8", copy=False),
@@ -68,19 +88,24 @@ def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
         "loss": None if instance.loss is None else instance.loss.astype("<f8", copy=False),
         "acceptable": None if instance.acceptable is None else instance.acceptable.astype("|u1"),
     }
-    descriptors, chunks, offset = [], [], 0
+    parts = []
     for name in _ORDER:
         array = arrays[name]
         if array is None:
             continue
-        dtype = array.dtype.str
+        shape, dtype = list(array.shape), array.dtype.str
         if name == "outcomes" and instance.packed_outcomes is not None:
-            array, dtype = instance.packed_outcomes, BITS  # packed rows keep the (n, N) shape below
-        raw = memoryview(np.ascontiguousarray(array)).cast("B")  # copied once, by the join below
-        descriptors.append({"name": name, "dtype": dtype, "shape": list(arrays[name].shape),
-                            "offset": offset, "nbytes": raw.nbytes})
-        chunks.append(raw)
-        offset += raw.nbytes
+            array, dtype = instance.packed_outcomes, BITS  # packed rows keep the (n, N) shape
+        parts.append((name, dtype, shape, array))
+    return parts
+
+
+def _header(instance: CompiledInstance, parts: list[tuple[str, str, list[int], np.ndarray]]) -> dict:
+    """The header without its checksum."""
+    descriptors, offset = [], 0
+    for name, dtype, shape, array in parts:
+        descriptors.append({"name": name, "dtype": dtype, "shape": shape, "offset": offset, "nbytes": array.nbytes})
+        offset += array.nbytes
     header = {
         "format": FORMAT,
         "content_hash": instance.content_hash,
@@ -99,25 +124,11 @@ def encode(instance: CompiledInstance) -> tuple[bytes, bytes]:
         header["repeatable"] = np.flatnonzero(instance.repeatable_tests).tolist()
     if instance.skip_charged:
         header["skip_cost"] = "charged"
-    body = b"".join(chunks)
-    header["checksum"] = _checksum(orjson.dumps(header), body)
-    return orjson.dumps(header), body
+    return header
 
 
 def _checksum(header_without_checksum: bytes, body: bytes) -> str:
     return f"crc32:{zlib.crc32(body, zlib.crc32(header_without_checksum)):08x}"
-
-
-def encoded_size(instance: CompiledInstance) -> int:
-    """At least ``len(header) + len(body)`` of :func:`encode` (descriptors are bounded, not
-    written), without copying the arrays: what the instance takes in the store, and what the
-    per-tenant byte quota counts."""
-    header = {"format": FORMAT, "content_hash": instance.content_hash, "kind": instance.kind,
-              "test_ids": instance.test_ids, "outcome_labels": instance.outcome_labels,
-              "hypothesis_ids": instance.hypothesis_ids, "class_labels": instance.class_labels,
-              "warnings": instance.warnings}
-    # Each array descriptor is well under 128 bytes of JSON; the arrays' bytes are exact.
-    return len(orjson.dumps(header)) + 128 * len(_ORDER) + instance.nbytes
 
 
 def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -> CompiledInstance:

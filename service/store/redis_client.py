@@ -53,6 +53,9 @@ _UNAVAILABLE_CLASSES = (redis.exceptions.ConnectionError, redis.exceptions.Timeo
                         ClusterDownError, ClusterError, TryAgainError, AskError, RedisClusterException)
 _UNAVAILABLE_REPLY = re.compile(r"(?:^|: )(?:LOADING|MASTERDOWN|READONLY|MISCONF|CLUSTERDOWN|TRYAGAIN|BUSY|NOREPLICAS)\b")
 _FULL_REPLY = re.compile(r"(?:^|: )OOM\b")
+# The cluster client refuses a command whose keys map to several slots itself, with the same
+# RedisClusterException it raises when no node answers: told apart by its message only.
+_CROSS_SLOT = re.compile(r"all keys must map to the same key slot")
 # What CLIENT SETINFO tells Redis, read from the package metadata once: redis-py otherwise looks
 # its own version up for every new connection (~5 ms each, paid by a new worker's first request).
 try:
@@ -132,7 +135,7 @@ def is_full(error: BaseException) -> bool:
 
 def is_unavailable(error: BaseException) -> bool:
     """True when ``error`` means Redis cannot serve the request right now (retry later)."""
-    if isinstance(error, (CrossSlotTransactionError, InvalidPipelineStack)):
+    if isinstance(error, (CrossSlotTransactionError, InvalidPipelineStack)) or _CROSS_SLOT.search(str(error)):
         return False  # keys of one operation in several slots: our bug, not Redis's state
     if isinstance(error, _UNAVAILABLE_CLASSES):
         return True
