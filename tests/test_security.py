@@ -249,6 +249,20 @@ def test_cors_allows_configured_origins_and_exposes_etag_and_retry_after(app_con
     assert "Access-Control-Allow-Origin" not in other.headers
 
 
+def test_a_preflight_allows_every_method_a_v1_route_answers(app_config):
+    app = create_app({**app_config, "cors_origins": "https://triage.example"})
+    client = app.test_client()
+    for rule in app.url_map.iter_rules():
+        if not rule.rule.startswith("/v1/"):
+            continue
+        path = re.sub(r"<(?:\w+:)?(\w+)>", "x", rule.rule)
+        for method in rule.methods - {"HEAD", "OPTIONS"}:
+            preflight = client.options(path, headers={"Origin": "https://triage.example",
+                                                      "Access-Control-Request-Method": method})
+            allowed = {m.strip() for m in preflight.headers.get("Access-Control-Allow-Methods", "").split(",")}
+            assert method in allowed, (rule.rule, method, dict(preflight.headers))
+
+
 # --- what is read back from Redis ----------------------------------------------------------
 
 

@@ -127,6 +127,19 @@ def test_instances_are_listed_in_creation_order_a_page_at_a_time(store_env):
     assert store.list_instances(tenant="nobody") == ([], None)
 
 
+def test_a_cursor_is_exactly_a_listing_position_and_nothing_after_it():
+    from service.app import create_app
+    from service.store.base import LISTING_CURSOR, listing_position
+
+    position = listing_position(1_700_000_000.0, "a" * 64)
+    assert LISTING_CURSOR.match(position)
+    for forged in (position + "\n", position + "\r\n", " " + position, position[:-1]):
+        assert not LISTING_CURSOR.match(forged), forged
+    client = create_app({"redis_url": None}).test_client()
+    assert client.get("/v1/instances", query_string={"cursor": position}).status_code == 200
+    assert client.get("/v1/instances", query_string={"cursor": position + "\n"}).status_code == 400
+
+
 def test_a_deleted_instance_is_gone_remembered_and_can_be_stored_again(store_env):
     store = store_env.make()
     inst, kept = variant(0), variant(1)

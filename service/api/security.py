@@ -26,6 +26,8 @@ from .ratelimit import create_limiter, retry_after
 PROTECTED_PREFIX = "/v1/"
 EXPOSED_HEADERS = ["ETag", "Retry-After", "Location", "Idempotent-Replayed", "WWW-Authenticate"]
 ALLOWED_HEADERS = ["Authorization", "Content-Type", "If-Match", "Idempotency-Key"]
+# Every method a /v1 route answers (tests/test_security.py checks them against the routes).
+ALLOWED_METHODS = ["GET", "PUT", "POST", "DELETE", "OPTIONS"]
 CORS_MAX_AGE = 600
 
 
@@ -83,7 +85,7 @@ def install(app: Flask, settings: Settings) -> None:
         origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
         CORS(app, resources={r"/v1/*": {}, r"/openapi.yaml": {}},
              origins="*" if "*" in origins else origins, expose_headers=EXPOSED_HEADERS,
-             allow_headers=ALLOWED_HEADERS, methods=["GET", "POST", "DELETE", "OPTIONS"],
+             allow_headers=ALLOWED_HEADERS, methods=ALLOWED_METHODS,
              max_age=CORS_MAX_AGE, supports_credentials=False)
 
 

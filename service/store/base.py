@@ -83,7 +83,8 @@ def listing_position(created_at: float, instance_id: str) -> str:
     return f"{round(created_at * 1000):015d}:{instance_id}"
 
 
-LISTING_CURSOR = re.compile(r"^[0-9]{15}:[0-9a-f]{64}$")
+# \A…\Z: "$" would also match before a trailing newline.
+LISTING_CURSOR = re.compile(r"\A[0-9]{15}:[0-9a-f]{64}\Z")
 
 
 class StoreUnavailable(RuntimeError):
