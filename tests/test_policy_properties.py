@@ -141,3 +141,41 @@ def test_a_test_that_separates_two_regions_gains_something(name):
                       outcomes=[[0, 0], [1, 0]], hypothesis_ids=["h0", "h1"])
     gain = gains(Situation(model, [{0}, {1}]).compile(), [], name)
     assert gain[0] > ROUND_OFF and abs(gain[1]) <= ROUND_OFF, gain
+
+
+# --- the extension point is closed ----------------------------------------------------------------
+
+
+def test_a_policy_with_a_statistic_of_its_own_runs_without_touching_the_selection_or_the_belief(monkeypatch):
+    # A statistic registered as a row (here: the probability that test t answers its first
+    # outcome, read off its own value) and a policy reading it; decide, greedy_batch and the
+    # belief are used as they are.
+    from service.engine import statistics
+
+    def first_outcome(belief, reductions):
+        weight = belief.mass / belief.mass.sum()
+        return weight @ belief.instance.outcome_probabilities(belief.alive)[:, 0, :]
+
+    monkeypatch.setitem(statistics.STATISTICS, "first_outcome",
+                        statistics.Statistic("first_outcome", first_outcome))
+    policy = engine.Policy("first-outcome-balance", lambda stats: 0.25 - (stats.derived["first_outcome"] - 0.5) ** 2,
+                           statistics=frozenset({"first_outcome"}))
+    model = ref.Model(arity=[2, 2, 2], costs=[1.0, 1.0, 1.0], classes=["a", "b", "c", "d"], prior=[1.0] * 4,
+                      outcomes=[[0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 1, 1]], hypothesis_ids=["h0", "h1", "h2", "h3"])
+    inst = compile_model(model)
+    decision = engine.decide(engine.observe(inst, []), policy, batch_size=2)
+    # t1 and t2 split the four hypotheses evenly (first outcome 1/2); t0 does not (3/4).
+    assert decision.next_test == 1 and decision.batch == (1, 2)
+    assert decision.scores.tolist() == pytest.approx([0.1875, 0.25, 0.25])
+
+
+def test_the_selection_loop_names_no_policy():
+    # It reads what a policy declares: no name, no comparison of a gain function with another.
+    import inspect
+    import re
+
+    from service.engine import select
+
+    source = inspect.getsource(select)
+    assert not [name for name in POLICIES if f'"{name}"' in source or f"'{name}'" in source]
+    assert "policy.name" not in source and not re.search(r"\bis\s+\w+_gain\b", source)
