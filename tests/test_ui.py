@@ -111,7 +111,7 @@ def test_a_triage_session_by_hand(open_page, served, tmp_path, truth):
     page = open_page
     hypothesis = next(h for h in TRIAGE["hypotheses"] if h["id"] == truth)
     page.goto(served.url + "/ui")
-    assert page.locator("#example option:checked").inner_text().startswith("Triage")
+    assert page.locator("#examples label:has(input:checked)").inner_text().startswith("Triage")
     page.get_by_role("button", name="Use example").click()
 
     def why_this_test():
@@ -136,8 +136,13 @@ def test_a_triage_session_by_hand(open_page, served, tmp_path, truth):
         assert "determined" in text and "the class is settled" in text
     result = text.split("Result: ")[1].split(" (")[0].split(" ", 1)[1]  # "decision gp_48h" → gp_48h
     assert result in acceptable_results(hypothesis)
-    top = page.locator("#posterior .bar-row.top")
-    assert top.get_attribute("data-label") == result and top.locator(".bar-value").inner_text() == "100.0%"
+    if "decisions" in TRIAGE:
+        assert page.get_attribute("#recommendation .decision", "data-decision") == result
+        row = page.locator(f'#posterior .bar-row[data-label="{result}"]')
+    else:
+        row = page.locator("#posterior .bar-row.top")
+        assert row.get_attribute("data-label") == result
+    assert row.locator(".bar-value").inner_text() == "100.0%"
     assert not page.is_visible("#next")
 
     # The page shows what the API holds, and the highlighted node is where that history leads.
@@ -201,9 +206,95 @@ def test_pasted_json_is_posted_and_its_problems_shown(open_page, served):
     page.get_by_role("button", name="Post instance").click()
     page.wait_for_selector("#next:not([hidden])")
     assert not page.is_visible("#error")
+    assert "2 hypotheses, 1 test, 2 classes." in page.text_content("#instance-summary")
     page.click('#outcomes button[data-outcome="yes"]')
     page.wait_for_selector("#stop-banner:not([hidden])")
     assert "Result: class B" in page.text_content("#stop-banner")
+    assert "1 hypothesis still possible" in page.text_content("#stats")
+
+
+def start_the_triage_example(page, url: str) -> dict:
+    """Start a session on the shipped triage example; return its state as the API holds it."""
+    page.goto(url + "/ui")
+    page.get_by_role("button", name="Use example").click()
+    page.wait_for_selector("#next:not([hidden])")
+    return requests.get(f"{url}/v1/sessions/{page.text_content('#session-id')}", timeout=5).json()
+
+
+@browser_needed
+def test_the_decision_panel_says_what_it_recommends_and_why(open_page, served, tmp_path):
+    page = open_page
+    state = start_the_triage_example(page, served.url)
+    decision = state["decision"]
+    # The least expected loss is not the most probably acceptable decision here, which is why the
+    # page must say which rule picked it.
+    most_probable = max(state["decision_posterior"], key=state["decision_posterior"].get)
+    assert decision["id"] != most_probable
+    box = page.locator("#recommendation")
+    assert box.is_visible()
+    assert page.get_attribute("#recommendation .decision", "data-decision") == decision["id"]
+    loss = format(decision["expected_loss"], ".3g")  # as the page rounds it
+    assert f"The least expected loss of the {len(TRIAGE['decisions'])} decisions: {loss} " in box.inner_text()
+    assert f"Acceptable with probability {100 * decision['probability']:.1f}%" in box.inner_text()
+    # The bars are the probabilities alone, none singled out, in the API's order, labels whole.
+    rows = page.locator("#posterior .bar-row")
+    assert [r.get_attribute("data-label") for r in rows.all()] == list(state["decision_posterior"])
+    assert page.locator("#posterior .bar-row.top").count() == 0
+    for label, p in state["decision_posterior"].items():
+        row = page.locator(f'#posterior .bar-row[data-label="{label}"]')
+        assert row.locator(".bar-value").inner_text() == f"{100 * p:.1f}%"
+    cut = page.evaluate("[...document.querySelectorAll('#posterior .bar-label')]"
+                        ".filter(e => e.scrollWidth > e.clientWidth).map(e => e.textContent)")
+    assert cut == []
+    page.locator("#session-panel").screenshot(path=str(screenshot_dir(tmp_path) / "ui-decision.png"))
+
+
+@browser_needed
+def test_a_refused_paste_leaves_only_the_error(open_page, served, tmp_path):
+    page = open_page
+    start_the_triage_example(page, served.url)
+    assert page.is_visible("#session-area") and page.is_visible("#instance-summary")
+    page.fill("#instance-json", '{"tests": [], "hypotheses": []}')
+    page.get_by_role("button", name="Post instance").click()
+    page.locator("#error").wait_for(state="visible")
+    assert "422" in page.text_content("#error-title")
+    # The previous instance's summary, session form and session are gone, not left under the error.
+    assert not page.is_visible("#session-area") and not page.is_visible("#instance-summary")
+    assert not page.is_visible("#session-form")
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "ui-refused.png"))
+
+
+@browser_needed
+def test_a_phone_wide_page_fits_its_width(browser, served, tmp_path):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=1)
+    page = context.new_page()
+    try:
+        overflow = ("[...document.querySelectorAll('input, select, textarea, button, label, .panel')]"
+                    ".filter(e => e.offsetParent !== null && e.getBoundingClientRect().right > 390)"
+                    ".map(e => e.id || e.outerHTML.slice(0, 60))")
+        page.goto(served.url + "/ui")
+        assert page.evaluate(overflow) == []
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        page.get_by_role("button", name="Use example").click()
+        page.wait_for_selector("#next:not([hidden])")
+        assert page.evaluate(overflow) == []
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        page.screenshot(path=str(screenshot_dir(tmp_path) / "ui-phone.png"), full_page=True)
+    finally:
+        context.close()
+
+
+@browser_needed
+def test_every_example_title_is_shown_whole(open_page, served):
+    from service import ui
+
+    page = open_page
+    page.goto(served.url + "/ui")
+    shown = page.locator("#examples label").all_inner_texts()
+    assert [text.strip() for text in shown] == list(ui.examples().values())
+    cut = page.evaluate("[...document.querySelectorAll('#examples label span')]"
+                        ".filter(e => e.scrollWidth > e.clientWidth).length")
+    assert cut == 0
 
 
 @browser_needed
@@ -326,8 +417,10 @@ def test_skip_undo_and_decision_states_where_the_api_offers_them(browser, in_pro
     page.wait_for_selector("#stop-banner:not([hidden])")
     assert sent[0][0] == "POST" and sent[0][2] == {"test": first, "skip": True} and sent[0][3] == '"1"'
     assert page.locator("#history li").first.inner_text().startswith(f"{first}: skipped")
-    assert page.text_content("#posterior-title").startswith("Decision posterior")
-    assert page.locator("#posterior .bar-row.top").get_attribute("data-label") == "urgent-care"
+    assert page.text_content("#posterior-title") == "Probability each decision is acceptable"
+    assert page.get_attribute("#recommendation .decision", "data-decision") == "urgent-care"
+    assert "most likely to be acceptable (the instance gives no losses)" in page.text_content("#recommendation")
+    assert page.locator("#posterior .bar-row.top").count() == 0
     assert "Result: decision urgent-care" in page.text_content("#stop-banner")
     assert "a decision is settled" in page.text_content("#stop-banner")
     page.get_by_role("button", name="Undo").click()

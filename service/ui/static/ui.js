@@ -83,6 +83,8 @@ function bar(p) {
   return node;
 }
 
+// "1 hypothesis", "14 hypotheses".
+const count = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 const fmt = (x) => (Number.isInteger(x) ? String(x) : Number(x).toPrecision(3).replace(/\.?0+$/, ""));
 const percent = (p) => `${(100 * p).toFixed(p > 0 && p < 0.001 ? 2 : 1)}%`;
 
@@ -91,14 +93,28 @@ const percent = (p) => `${(100 * p).toFixed(p > 0 && p < 0.001 ? 2 : 1)}%`;
 async function useInstance(summary) {
   page.instance = summary;
   const s = $("instance-summary");
-  s.textContent = `Instance ${summary.instance_id.slice(0, 12)}…: ${summary.kind}, ${summary.n_hypotheses} hypotheses, `
-    + `${summary.n_tests} tests, ${summary.n_classes} classes.`
+  s.textContent = `Instance ${summary.instance_id.slice(0, 12)}…: ${summary.kind}, `
+    + `${count(summary.n_hypotheses, "hypothesis", "hypotheses")}, ${count(summary.n_tests, "test", "tests")}, `
+    + `${count(summary.n_classes, "class", "classes")}.`
     + (summary.warnings && summary.warnings.length ? ` Warnings: ${summary.warnings.join("; ")}` : "");
   s.hidden = false;
   $("session-form").hidden = false;
   $("session-area").hidden = true;
   await startSession();
 }
+
+// A new instance replaces the old one on screen at once: should it be refused, the error is not
+// shown above a session that belongs to another instance.
+function forgetInstance() {
+  page.instance = null;
+  page.session = null;
+  page.etag = null;
+  $("instance-summary").hidden = true;
+  $("session-form").hidden = true;
+  $("session-area").hidden = true;
+}
+
+const chooseInstance = (action) => guarded(async () => { forgetInstance(); await action(); });
 
 async function postInstance(text) {
   const { data } = await api("POST", "/v1/instances", { body: text });
@@ -107,8 +123,8 @@ async function postInstance(text) {
 
 $("example-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  guarded(async () => {
-    const response = await fetch($("example").value);
+  chooseInstance(async () => {
+    const response = await fetch(document.querySelector('input[name="example"]:checked').value);
     if (!response.ok) throw new Error(`example not found (${response.status})`);
     await postInstance(await response.text());
   });
@@ -116,7 +132,7 @@ $("example-form").addEventListener("submit", (event) => {
 
 $("id-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  guarded(async () => {
+  chooseInstance(async () => {
     const id = $("instance-id").value.trim();
     const { data } = await api("GET", `/v1/instances/${encodeURIComponent(id)}`);
     await useInstance(data);
@@ -125,7 +141,7 @@ $("id-form").addEventListener("submit", (event) => {
 
 $("json-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  guarded(() => postInstance($("instance-json").value));
+  chooseInstance(() => postInstance($("instance-json").value));
 });
 
 $("instance-file").addEventListener("change", async () => {
@@ -216,18 +232,21 @@ function show(state, etag) {
 
   const stats = [`step ${state.step}`, `cost spent ${fmt(state.cost_spent)}`, `policy ${state.policy}`];
   if (state.version_space_size !== null && state.version_space_size !== undefined) {
-    stats.push(`${state.version_space_size} hypotheses still possible`);
+    stats.push(`${count(state.version_space_size, "hypothesis", "hypotheses")} still possible`);
   }
   $("stats").textContent = stats.join(" · ");
 
-  // Decision instances answer with decision_posterior (probability each decision is acceptable).
+  // Decision instances answer with decision_posterior (probability each decision is acceptable)
+  // and the decision to act on, which is shown apart: with losses it is the least expected loss,
+  // which need not be the most probably acceptable decision.
   const decisions = state.decision_posterior;
   const posterior = decisions || state.class_posterior;
-  const top = decisions ? (state.decision && state.decision.id) : state.map_class;
-  $("posterior-title").textContent = decisions ? "Decision posterior (probability each is acceptable)" : "Class posterior";
+  const top = decisions ? null : state.map_class;
+  showRecommendation(state.decision, decisions);
+  $("posterior-title").textContent = decisions ? "Probability each decision is acceptable" : "Class posterior";
   $("posterior").replaceChildren(...Object.entries(posterior).map(([label, p]) =>
     el("div", { className: label === top ? "bar-row top" : "bar-row", "data-label": label },
-      el("span", { className: "bar-label" }, label),
+      el("span", { className: "bar-label", title: label }, label),
       el("span", { className: "bar-track" }, bar(p)),
       el("span", { className: "bar-value" }, percent(p)))));
 
@@ -246,6 +265,22 @@ function show(state, etag) {
     return item;
   }));
   highlightTree();
+}
+
+function showRecommendation(decision, decisions) {
+  const box = $("recommendation");
+  box.hidden = !decision;
+  if (!decision) return;
+  const others = Object.keys(decisions).length - 1;
+  const why = decision.expected_loss !== null && decision.expected_loss !== undefined
+    ? `The least expected loss of the ${count(others + 1, "decision", "decisions")}: ${fmt(decision.expected_loss)} `
+      + "(the loss the instance gives this decision for each hypothesis still possible, weighted by its probability). "
+      + "It need not be the decision most likely to be acceptable: the losses say how bad each wrong decision is."
+    : "The decision most likely to be acceptable (the instance gives no losses).";
+  box.replaceChildren(
+    el("div", {}, "Recommended decision: ", el("span", { className: "decision", "data-decision": decision.id }, decision.id)),
+    el("p", {}, why),
+    el("p", {}, `Acceptable with probability ${percent(decision.probability)}.`));
 }
 
 // --- the policy tree ------------------------------------------------------------------------
