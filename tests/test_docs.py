@@ -1,5 +1,6 @@
-"""docs/api.md's generated tables match the code they are generated from: a setting or a
-problem type added without its row fails here (regenerate: python3 -m service.api.reference)."""
+"""docs/api.md's and docs/reliability.md's generated tables match the code they are generated
+from: a setting or a problem type added without its row, or a default changed, fails here
+(regenerate: python3 -m service.api.reference)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,26 @@ from service.logs import JsonFormatter, TextFormatter
 from service.settings import Settings
 
 API_DOC = Path(__file__).resolve().parent.parent / "docs" / "api.md"
+RELIABILITY_DOC = API_DOC.with_name("reliability.md")
 
 
 def test_the_generated_tables_in_docs_api_md_are_current():
     text = API_DOC.read_text()
     assert "<!-- generated:settings -->" in text and "<!-- generated:problems -->" in text
     assert reference.render(text) == text, "docs/api.md is stale: run python3 -m service.api.reference docs/api.md"
+
+
+def test_the_limits_table_in_docs_reliability_md_is_current():
+    text = RELIABILITY_DOC.read_text()
+    assert "<!-- generated:limits -->" in text
+    assert reference.render(text) == text, \
+        "docs/reliability.md is stale: run python3 -m service.api.reference docs/reliability.md"
+
+
+def test_a_changed_default_would_make_the_limits_table_stale(monkeypatch):
+    text = RELIABILITY_DOC.read_text()
+    monkeypatch.setattr(Settings.model_fields["max_body_bytes"], "default", 16 * 1024 * 1024)
+    assert "| `MAX_BODY_BYTES` | 16 MiB |" in reference.render(text) != text
 
 
 def test_every_setting_and_problem_type_has_its_row():

@@ -174,3 +174,10 @@ def test_the_step_cache_is_bounded_by_bytes():
     assert len(cache) < steps  # long histories pushed the early steps out
     largest_json = len(orjson.dumps(state))
     assert cache.nbytes >= largest_json  # the last step is held: at least the size of its JSON
+
+
+def test_one_tenant_at_its_byte_quota_leaves_half_of_composes_redis_for_everything_else():
+    from service.api.reference import compose_maxmemory
+    from service.settings import Settings
+
+    assert 2 * Settings.model_fields["tenant_max_stored_bytes"].default <= compose_maxmemory()
