@@ -5,6 +5,7 @@ from: a setting or a problem type added without its row, or a default changed, f
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import orjson
@@ -78,3 +79,43 @@ def test_log_lines_carry_the_request_fields_inside_a_request(formatter):
         app.preprocess_request()
         line = formatter().format(_record("inside"))
     assert "r-1" in line and "DELETE" in line and "/v1/sessions/x" in line and "public" in line
+
+
+# --- links between the pages ----------------------------------------------------------------
+
+ROOT = API_DOC.parent.parent
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    anchors = set()
+    in_code = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_reaches_a_file_and_a_heading(page):
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue  # http:, https:, mailto:
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.exists(), f"{page.name} links to {target}, which does not exist"
+        if anchor and linked.suffix == ".md":
+            assert anchor in heading_anchors(linked), f"{page.name} links to {target}: no such heading"
+
+
+def test_the_docs_index_lists_every_page():
+    index = (ROOT / "docs" / "README.md").read_text()
+    listed = set(LINK.findall(index))
+    for page in (ROOT / "docs").glob("*.md"):
+        if page.name != "README.md":
+            assert page.name in listed, f"docs/README.md does not list {page.name}"
