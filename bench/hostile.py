@@ -25,8 +25,8 @@ Kinds (``--kinds http`` or ``engine`` or ``all``):
   it, a burst of 50 wrong API keys;
 * engine: ``max_flips: 1000000``, noise on an instance with 256 outcome labels (n = 1000,
   N = 250), ``evaluate`` on a 1 000-hypothesis chain, the tree of a 1 000-hypothesis chain,
-  priors whose sum overflows. These are refused by the engine's limits (issue 9's items 1, 2,
-  4, 5); without them they hold a worker for seconds to minutes.
+  priors whose sum overflows. These are refused by the engine's limits (docs/reliability.md,
+  "Limits and quotas"); without them they hold a worker for seconds to minutes.
 """
 
 from __future__ import annotations

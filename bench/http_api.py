@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import RedisServer, free_port  # noqa: E402  (the test suite's launchers)
 
 PROCESSES = 4
-RPS_GOAL, P99_GOAL = 0.8, 1.5  # × the floor's (issue 15)
+RPS_GOAL, P99_GOAL = 0.8, 1.5  # × the floor's: the service's goals (docs/api.md, "Benchmark")
 
 
 # --- the floor: one Redis GET + SET per request ------------------------------------------

@@ -10,7 +10,7 @@ tests in instance order. Units follow the paper:
   instances P(V) is the posterior mass (1) and P(V ∩ {X_t = x}) = Σ_h P(h | x_A) P(x | h);
 * every other criterion is a function of the posterior (class entropy in bits, 0–1 risk, …).
 
-The stop rules of the issue are re-stated in :func:`decide` in their documented order.
+The stop rules are re-stated in :func:`decide` in their documented order (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def separable(model: Model, mass: list[float], unrun: list[int]) -> bool:
 
 def decide(model: Model, observations: list[Observation], policy: str, max_tests=None,
            max_cost=None, confidence=None, seed: int = 0, unavailable=frozenset()) -> Choice:
-    """The issue's stop rules in order: determined, confidence_reached, max_tests,
+    """The stop rules in order: determined, confidence_reached, max_tests,
     indistinguishable (deterministic), tests_exhausted, budget_exhausted, no_informative_test;
     else the best gain / cost, the earliest test among ties within relative 1e-9.
 

@@ -1,4 +1,4 @@
-"""Bad input (issue 6): a catalogue of malformed and hostile requests, each answered with the right
+"""Bad input: a catalogue of malformed and hostile requests, each answered with the right
 4xx problem+json while the store stays byte-identical (Redis: DUMP of every key under the test's
 prefix; memory: the store's tables), over both stores. Then property-based fuzzing (hypothesis)
 of the instance parser and the observation endpoint: nothing but validation errors."""
@@ -25,7 +25,7 @@ from snapshots import snapshot
 LIMITS = {"max_body_bytes": 64 * 1024, "max_observations_per_request": 50, "max_classes": 8,
           "max_cells": 10_000, "max_json_depth": 32, "max_compiled_bytes": 50_000,
           "evaluation_time_limit": 0.0}
-# Every refusal comes within this many seconds (issue 9: no request, however small, holds a worker).
+# Every refusal comes within this many seconds: no request, however small, holds a worker.
 ANSWER_SECONDS = 2.0
 JSON = "application/json"
 

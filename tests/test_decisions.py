@@ -1,5 +1,5 @@
-"""Decision instances: the region objectives against the naive reference, the issue's toy, the
-stop rule ``decided`` and the decision the state reports."""
+"""Decision instances: the region objectives against the naive reference, the decision toy
+(examples/decision_toy), the stop rule ``decided`` and the decision the state reports."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ N_INSTANCES = 150
 
 
 def toy(**extra) -> dict:
-    """The issue's toy: h1 accepts {A}, h2 {A, B}, h3 {B}; the cheap test separates h1 from
+    """The decision toy: h1 accepts {A}, h2 {A, B}, h3 {B}; the cheap test separates h1 from
     {h2, h3}, only the dear one separates h2 from h3 (it puts h1 with h3)."""
     return {
         "tests": [{"id": "cheap", "cost": 1, "outcomes": ["a", "b"]},

@@ -1,4 +1,4 @@
-"""Faults (issue 6), with real parts: redis-server processes stopped, frozen, killed -9 and
+"""Faults, with real parts: redis-server processes stopped, frozen, killed -9 and
 restarted; a real gunicorn whose worker is killed -9 mid-run; 50 threads racing on one session.
 Each test is bounded (≲ 20 s) and asserts what a client relies on: fail fast with 503 while Redis
 is away, recover without a restart, lose no acknowledged observation, double nothing."""

@@ -1,5 +1,5 @@
-"""Requests that once took a worker down or reached it unchecked (issue 9, the engine's half):
-each test here failed before its fix. Sizes are counted before anything is allocated, inputs that
+"""Requests that could take a worker down or reach it unchecked, the engine's half: each test
+here fails without the limit it covers. Sizes are counted before anything is allocated, inputs that
 would make every later use fail are refused at the door with their JSON path, evaluations and
 trees keep to their time limit, and the stop rules hold at their exact boundaries."""
 

@@ -146,7 +146,7 @@ def test_the_base_payloads_are_valid():
         Instance.model_validate(base())
 
 
-def test_json_path_spells_locations_like_the_issue():
+def test_json_path_spells_locations_as_a_reader_writes_them():
     assert json_path(("hypotheses", 3, "outcomes", "ecg")) == "hypotheses[3].outcomes.ecg"
     assert json_path(("likelihood_matrix", 1, 0)) == "likelihood_matrix[1][0]"
 

@@ -1,4 +1,4 @@
-"""Schemathesis against the real thing (issue 6): gunicorn (2 gthread workers) + a fixture
+"""Schemathesis against the real thing: gunicorn (2 gthread workers) + a fixture
 redis-server, API keys on, over HTTP. tests/test_schemathesis.py covers every operation in
 process with positive and negative data; this file adds what only a live server shows:
 

@@ -1,4 +1,4 @@
-"""Security (issue 6): API keys and tenants, rate limits, worker-protecting limits, CORS, and what
+"""Security: API keys and tenants, rate limits, worker-protecting limits, CORS, and what
 is trusted when read back from Redis. Over both stores unless a test says otherwise."""
 
 from __future__ import annotations
