@@ -233,3 +233,10 @@ def test_sums_over_runs_of_rows_equal_the_sums_by_definition():
         values = rng.random((int(lengths.sum()), 7))
         expected = np.array([values[f:f + n].sum(axis=0) for f, n in zip(firsts, lengths)])
         np.testing.assert_allclose(belief_module.sum_runs(values, firsts), expected, rtol=1e-14, atol=0)
+        # Some of the runs only, each row weighted: rows outside them are not read.
+        chosen = rng.random(len(firsts)) < 0.5
+        weight = rng.random(len(values))
+        values[np.repeat(~chosen, lengths)] = np.nan
+        weighted = np.array([weight[f:f + n] @ values[f:f + n] for f, n in zip(firsts[chosen], lengths[chosen])])
+        np.testing.assert_allclose(belief_module.sum_runs(values, firsts[chosen], lengths[chosen], weight),
+                                   weighted.reshape(-1, 7), rtol=1e-14, atol=0)
