@@ -59,11 +59,14 @@ from schemas.api import Problem
 from service.api.encoding import dumps
 from service.api.problems import PROBLEM_MEDIA_TYPE, PROBLEMS, TYPE_PREFIX
 from service.app import rehearse, warm_up
-from service.heap import reserve_heap
+from service.heap import reserve_heap, resident_bytes, trim_heap
 from service.settings import load_settings
 
 RECV_BYTES = 1024 * 1024
 WARM_UP_WAIT = 0.5  # seconds a new worker waits for its store's connections before serving
+# An idle worker this far above its size at boot gives its heap's free pages back.
+IDLE_EXCESS_BYTES = 128 * 1024 * 1024
+IDLE_CHECK_INTERVAL = 1.0  # seconds
 # gunicorn's header limits may be 0 ("unlimited"); the buffer still needs a bound.
 UNLIMITED_HEADER_BYTES = 1024 * 1024
 
@@ -382,7 +385,11 @@ class BufferingWorker(ThreadWorker):
         # Insertion order is deadline order (every request gets the same timeout).
         self.buffering: dict[object, _Pending] = {}
         self.buffered_bytes = 0
-        reserve_heap(settings.worker_heap_reserve_bytes)  # before any thread starts
+        self.heap_reserve = settings.worker_heap_reserve_bytes
+        self.in_flight = 0  # requests handed to a thread and not finished
+        self.boot_resident = 0
+        self.idle_checked = 0.0
+        reserve_heap(self.heap_reserve)  # before any thread starts
         super().init_process()  # runs the worker; must come last
 
     def load_wsgi(self):
@@ -396,6 +403,20 @@ class BufferingWorker(ThreadWorker):
         warming = threading.Thread(target=warm_up, args=(self.wsgi,), name="edgecut-warm-up", daemon=True)
         warming.start()
         warming.join(WARM_UP_WAIT)
+        self.boot_resident = resident_bytes()
+
+    # --- memory back when idle ------------------------------------------------------------------
+
+    def _return_memory_if_idle(self) -> None:
+        # A worker's heap keeps what a big request freed (service/heap.py). Once nothing runs and
+        # the worker is IDLE_EXCESS_BYTES above its boot size, the free pages go back to the
+        # kernel; checked at most once a second (one read of /proc), only when a request ends.
+        now = time.monotonic()
+        if self.in_flight or self.buffering or now - self.idle_checked < IDLE_CHECK_INTERVAL:
+            return
+        self.idle_checked = now
+        if self.boot_resident and resident_bytes() > self.boot_resident + IDLE_EXCESS_BYTES:
+            trim_heap(self.heap_reserve)
 
     # --- connections past worker_connections --------------------------------------------------
 
@@ -450,6 +471,11 @@ class BufferingWorker(ThreadWorker):
         return not (self.cfg.is_ssl or conn.is_http2 or negotiation.prior_knowledge_allowed(self.cfg, conn.client))
 
     def finish_request(self, conn, fs):
+        self.in_flight -= 1
+        self._finish_request(conn, fs)
+        self._return_memory_if_idle()
+
+    def _finish_request(self, conn, fs):
         # gthread serves a kept-alive connection's next request at once when its bytes were
         # already read with the last one (a pipelining client), but looks for them in its own
         # unreader's buffer only: the held unreader keeps them elsewhere.
@@ -463,9 +489,13 @@ class BufferingWorker(ThreadWorker):
             return
         super().finish_request(conn, fs)
 
+    def _to_thread(self, conn) -> None:
+        self.in_flight += 1
+        super().enqueue_req(conn)
+
     def enqueue_req(self, conn):
         if not self._bufferable(conn):
-            return super().enqueue_req(conn)
+            return self._to_thread(conn)
         pending = _Pending(conn, Framing(self.max_header_bytes, self.max_body_bytes),
                            time.monotonic() + self.read_timeout)
         if conn.parser is not None:  # a kept-alive connection: bytes read ahead of the last request
@@ -534,7 +564,7 @@ class BufferingWorker(ThreadWorker):
             conn.parser.unreader.unread(piece)
         conn.held_body = pending.framing.body()
         conn.data_ready = True
-        super().enqueue_req(conn)
+        self._to_thread(conn)
 
     def handle_request(self, req, conn):
         # The whole request is here: the client has had its 100 Continue from the event loop, if

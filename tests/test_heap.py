@@ -1,6 +1,7 @@
 """A worker's heap reserve (service/heap.py): the memory is really faulted in (the kernel's own
 counts: resident pages, page faults), it serves big blocks from any thread without fresh pages,
-and the gunicorn worker applies ``WORKER_HEAP_RESERVE_BYTES``. mallopt changes the whole process,
+the gunicorn worker applies ``WORKER_HEAP_RESERVE_BYTES``, and gives the heap's free pages back
+once it is idle well above its boot size. mallopt changes the whole process,
 so each check runs in a process of its own."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 from live_server import LiveServer
 
 from service.heap import reserve_heap
@@ -107,3 +109,27 @@ def test_the_worker_applies_worker_heap_reserve_bytes():
         finally:
             server.stop()
     assert resident[96 * MiB] - resident[0] >= 90 * MiB, resident
+
+
+def test_an_idle_worker_gives_back_what_a_big_request_left_in_its_heap():
+    """Two 75 MB bodies, refused once parsed (a 75 MB JSON string where a list belongs), leave
+    the worker's heap holding their pages; once it is idle it is back within IDLE_EXCESS_BYTES of
+    its size at boot (without the trim it stayed ~175 MB above it)."""
+    from service.worker import IDLE_CHECK_INTERVAL, IDLE_EXCESS_BYTES
+
+    server = LiveServer({"REDIS_URL": ""}, workers=1, threads=4, config="python:service.gunicorn_conf")
+    server.start()
+    try:
+        booted = worker_resident_bytes(server)
+        body = b'{"tests": "' + b"x" * (75 * MiB) + b'", "hypotheses": []}'
+        for _ in range(2):
+            refused = requests.post(server.url + "/v1/instances", data=body, timeout=120,
+                                    headers={"Content-Type": "application/json"})
+            assert refused.status_code == 422, refused.text[:300]
+        # The check runs when a request ends, at most once per interval: one more, past it.
+        time.sleep(IDLE_CHECK_INTERVAL + 0.1)
+        assert requests.get(server.url + "/healthz", timeout=5).status_code == 200
+        idle = worker_resident_bytes(server)
+    finally:
+        server.stop()
+    assert idle <= booted + IDLE_EXCESS_BYTES, (booted >> 20, idle >> 20)
