@@ -56,7 +56,7 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
 
     register_problems(app, retry_after_seconds=settings.retry_after_seconds)
     observability.install(app, settings)  # first: every later hook's refusal carries the request id
-    security.install(app, settings)  # API keys, rate limits, CORS
+    security.install(app, settings, store)  # API keys, rate limits (kept by the store), CORS
     for blueprint in (instances.bp, sessions.bp, select.bp, health.bp, evaluation.bp):
         app.register_blueprint(blueprint)
     ui.install(app)  # /ui and /docs, from package files

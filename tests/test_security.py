@@ -13,9 +13,11 @@ import pytest
 import redis
 
 from api_support import NOISY, TRIAGE, assert_problem, new_session
+from conftest import FakeClock
 from service.api import auth
 from service.app import create_app
 from service.settings import ConfigurationError, load_settings
+from service.store.memory import MemoryStore
 from snapshots import snapshot
 
 KEY_A = "alpha-key-0123456789abcdef"
@@ -158,8 +160,18 @@ def test_rate_limit_per_tenant_answers_429_with_retry_after(app_config):
     assert limited.headers["Retry-After"] == "1" and "RATE_LIMIT" in body["detail"]
     assert client.get("/v1/sessions/x", headers=AUTH_B).status_code == 404  # another tenant's budget
     assert client.get("/healthz").status_code == 200
-    time.sleep(0.6)  # one emission interval (0.5 s) later, one more request conforms
-    assert client.get("/v1/sessions/x", headers=AUTH_A).status_code == 404
+
+
+def test_a_limited_tenant_conforms_again_one_emission_interval_later():
+    clock = FakeClock()  # the limiter is timed by the store's clock
+    app = create_app({"redis_url": None, "rate_limit": "2/second", "rate_limit_burst": 3},
+                     store=MemoryStore(session_ttl=3600, clock=clock))
+    client = app.test_client()
+    assert [client.get("/v1/sessions/x").status_code for _ in range(4)] == [404, 404, 404, 429]
+    clock.advance(0.25)  # half the emission interval (0.5 s)
+    assert client.get("/v1/sessions/x").status_code == 429
+    clock.advance(0.25)
+    assert [client.get("/v1/sessions/x").status_code for _ in range(2)] == [404, 429]  # one more, no burst
 
 
 @pytest.mark.redis

@@ -127,6 +127,21 @@ def test_instances_are_listed_in_creation_order_a_page_at_a_time(store_env):
     assert store.list_instances(tenant="nobody") == ([], None)
 
 
+def test_a_rate_limiter_counts_per_tenant_and_per_scope_where_the_store_keeps_its_data(store_env):
+    from service.store.ratelimit import AUTH_FAILURES, REQUESTS, parse_rate
+
+    store = store_env.make()
+    rate = parse_rate("2/minute")  # one request per 30 s, bursts of 2
+    requests, failures = store.rate_limiter(rate, REQUESTS), store.rate_limiter(rate, AUTH_FAILURES)
+    assert requests.wait_seconds("clinic-a", count=False) == 0  # asking counts nothing
+    assert [requests.wait_seconds("clinic-a") for _ in range(2)] == [0, 0]
+    assert 29 < requests.wait_seconds("clinic-a") <= 30  # until the burst's first emission is over
+    assert requests.wait_seconds("clinic-b") == 0  # another tenant's budget
+    assert failures.wait_seconds("clinic-a") == 0  # another scope's
+    if store_env.kind != "memory":  # a second worker over the same Redis shares the budget
+        assert store_env.make().rate_limiter(rate, REQUESTS).wait_seconds("clinic-a") > 29
+
+
 def test_a_cursor_is_exactly_a_listing_position_and_nothing_after_it():
     from service.app import create_app
     from service.store.base import LISTING_CURSOR, listing_position

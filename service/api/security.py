@@ -4,7 +4,8 @@
    request's tenant. Failed attempts are counted per client address (``AUTH_FAILURE_LIMIT``,
    the same GCRA as rate limits): past it, every ``/v1`` request from that address is 429 with
    ``Retry-After`` *before* its key is looked at, so guessing keys gets no faster by sending more;
-2. the tenant's rate limit (service/api/ratelimit.py): 429 with ``Retry-After``;
+2. the tenant's rate limit (GCRA, service/store/ratelimit.py; kept where the store keeps its
+   data): 429 with ``Retry-After``;
 3. CORS for browser front ends (flask-cors), exposing ``ETag`` and ``Retry-After``.
 
 Body limits are checked where the body is parsed (service/api/limits.py via parse_body).
@@ -14,14 +15,17 @@ carry no keys, and none of them touches tenant data.
 
 from __future__ import annotations
 
+import math
+
 from flask import Flask, Response, g, request
 from flask_cors import CORS
 
 from service.settings import Settings
+from service.store import SessionStore
+from service.store.ratelimit import AUTH_FAILURES, REQUESTS, RateLimiter, parse_rate
 
 from . import auth
 from .problems import problem_response
-from .ratelimit import create_limiter, retry_after
 
 PROTECTED_PREFIX = "/v1/"
 EXPOSED_HEADERS = ["ETag", "Retry-After", "Location", "Idempotent-Replayed", "WWW-Authenticate"]
@@ -36,13 +40,14 @@ def _protected() -> bool:
     return (request.path.startswith(PROTECTED_PREFIX) or request.path == "/v1") and request.method != "OPTIONS"
 
 
-def install(app: Flask, settings: Settings) -> None:
+def _limiter(store: SessionStore, rate_limit: str | None, burst: int | None, scope: str) -> RateLimiter | None:
+    return store.rate_limiter(parse_rate(rate_limit, burst), scope) if rate_limit else None
+
+
+def install(app: Flask, settings: Settings, store: SessionStore) -> None:
     keyring = auth.load_keyring(settings)
-    limiter = create_limiter(settings.rate_limit, settings.rate_limit_burst, settings.redis_url,
-                             settings.key_prefix, redis_cluster=settings.redis_cluster)
-    failures = None if keyring is None else create_limiter(settings.auth_failure_limit, None, settings.redis_url,
-                                                           settings.key_prefix, scope="a",
-                                                           redis_cluster=settings.redis_cluster)
+    limiter = _limiter(store, settings.rate_limit, settings.rate_limit_burst, REQUESTS)
+    failures = None if keyring is None else _limiter(store, settings.auth_failure_limit, None, AUTH_FAILURES)
     app.extensions["edgecut.security"] = {"keyring": keyring, "limiter": limiter, "auth_failures": failures}
 
     if keyring is not None:
@@ -87,6 +92,11 @@ def install(app: Flask, settings: Settings) -> None:
              origins="*" if "*" in origins else origins, expose_headers=EXPOSED_HEADERS,
              allow_headers=ALLOWED_HEADERS, methods=ALLOWED_METHODS,
              max_age=CORS_MAX_AGE, supports_credentials=False)
+
+
+def retry_after(seconds: float) -> str:
+    """Whole seconds, rounded up, at least 1 (RFC 9110 §10.2.3 allows no fractions)."""
+    return str(max(1, math.ceil(seconds)))
 
 
 def _throttled(why: str, waited: float) -> Response:

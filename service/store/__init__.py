@@ -1,4 +1,6 @@
-"""Persistence: one :class:`~service.store.base.SessionStore` contract, two implementations."""
+"""Persistence: one :class:`~service.store.base.SessionStore` contract (instances, sessions,
+idempotency keys, health, rate limits), two implementations (in memory; Redis, one node or a
+cluster), and :func:`create_store`, the one place that picks between them."""
 
 from __future__ import annotations
 

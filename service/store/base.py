@@ -1,5 +1,12 @@
-"""The session-store contract. Every store (in-memory, Redis) implements :class:`SessionStore`
-and passes the same contract suite (tests/test_store_contract.py).
+"""The session-store contract. Every store (in-memory, Redis, Redis Cluster) implements
+:class:`SessionStore` and passes the same contract suite (tests/test_store_contract.py).
+
+The contract is four small parts, each a class of its own, so a reader (or a domain module's
+type hint) can hold one at a time: :class:`InstanceShelf` (instances, their listing and the
+memory of deletions), :class:`SessionTable` (compare-and-set session records),
+:class:`IdempotencyKeys` and :class:`StoreHealth`; plus :meth:`SessionStore.rate_limiter`, so the
+rate limits live wherever the store does. The rules every store shares (the instance TTL, the
+next-version check, what makes two records the same) are public here, not in one store.
 
 What is stored:
 
@@ -17,11 +24,18 @@ from __future__ import annotations
 
 import abc
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from service.engine import CompiledInstance
 
+if TYPE_CHECKING:
+    from .ratelimit import Rate, RateLimiter
+
 DEFAULT_TENANT = "public"
+# Instances live this many session TTLs after they were last stored or read: the API reads a
+# session's instance on every step, so an instance outlives the sessions that use it.
+INSTANCE_TTL_FACTOR = 2
 
 
 @dataclass(frozen=True)
@@ -124,8 +138,22 @@ class VersionConflict(RuntimeError):
     """A compare-and-set lost: the session changed since it was read."""
 
 
-class SessionStore(abc.ABC):
-    """One tenant-scoped store of instances and sessions. All methods are thread-safe."""
+def check_next_version(record: SessionRecord, expected_version: int) -> None:
+    """An update must write exactly the version after the one it read."""
+    if record.version != expected_version + 1:
+        raise ValueError(
+            f"record.version must be expected_version + 1 = {expected_version + 1}, got {record.version}"
+        )
+
+
+def same_content(a: SessionRecord, b: SessionRecord) -> bool:
+    """The same session record but for ``expires_at``, which the store derives from its TTL."""
+    return replace(a, expires_at=0.0) == replace(b, expires_at=0.0)
+
+
+class InstanceShelf(abc.ABC):
+    """Compiled instances per tenant: stored once under their content hash, listed in creation
+    order, and remembered for a while after a deletion."""
 
     @abc.abstractmethod
     def put_instance(self, instance: CompiledInstance, tenant: str = DEFAULT_TENANT) -> bool:
@@ -154,6 +182,10 @@ class SessionStore(abc.ABC):
     def instance_deleted(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> bool:
         """Whether the instance was deleted (and not stored again) within its TTL."""
 
+
+class SessionTable(abc.ABC):
+    """Session records per tenant, with a sliding TTL; every update a compare-and-set."""
+
     @abc.abstractmethod
     def create_session(self, record: SessionRecord) -> None:
         """Store a new session (its ``session_id`` is fresh and unguessable); past the tenant's
@@ -180,6 +212,10 @@ class SessionStore(abc.ABC):
     def delete_session(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
         """True if it existed."""
 
+
+class IdempotencyKeys(abc.ABC):
+    """Client-chosen keys bound to the session a create made, for as long as sessions live."""
+
     @abc.abstractmethod
     def claim_idempotency_key(self, key: str, session_id: str, tenant: str = DEFAULT_TENANT) -> str | None:
         """Atomically bind ``key`` to ``session_id`` unless already bound; returns the session id
@@ -190,16 +226,8 @@ class SessionStore(abc.ABC):
         """The session id ``key`` is bound to, or None; binds nothing (a request is checked
         whole before anything is written)."""
 
-    @abc.abstractmethod
-    def get_value(self, name: str, tenant: str = DEFAULT_TENANT) -> bytes | None:
-        """The value stored under ``name``, or None when none is (or it expired)."""
 
-    @abc.abstractmethod
-    def put_value(self, name: str, value: bytes, tenant: str = DEFAULT_TENANT) -> bytes:
-        """Store ``value`` under ``name`` for the instance TTL unless a value is there already
-        (atomically: the first writer wins), and return the value stored: every worker that
-        computed one at the same time agrees on the first."""
-
+class StoreHealth(abc.ABC):
     @abc.abstractmethod
     def ping(self) -> None:
         """Return if the store answers; raise :class:`StoreUnavailable` otherwise."""
@@ -208,3 +236,13 @@ class SessionStore(abc.ABC):
         """Open now what a request would otherwise open first (connections), so that a new
         worker's first request does not pay for it; raise :class:`StoreUnavailable` when the
         store does not answer. Reads and writes nothing."""
+
+
+class SessionStore(InstanceShelf, SessionTable, IdempotencyKeys, StoreHealth):
+    """One tenant-scoped store of instances and sessions. All methods are thread-safe."""
+
+    @abc.abstractmethod
+    def rate_limiter(self, rate: Rate, scope: str) -> RateLimiter:
+        """A GCRA limiter (service/store/ratelimit.py) whose state lives where this store's
+        does: shared by every worker of a Redis store, in process for the in-memory one.
+        ``scope`` keeps limiters of different things apart (``ratelimit.REQUESTS``, …)."""

@@ -31,6 +31,7 @@ from service.engine import CompiledInstance
 
 from .base import (
     DEFAULT_TENANT,
+    INSTANCE_TTL_FACTOR,
     QuotaExceeded,
     Quotas,
     SessionRecord,
@@ -38,10 +39,12 @@ from .base import (
     StoredInstance,
     StoreUnavailable,
     VersionConflict,
+    check_next_version,
+    same_content,
 )
 from .codec import encoded_size
+from .ratelimit import MemoryLimiter, Rate
 
-INSTANCE_TTL_FACTOR = 2
 PING_TIMEOUT = 1.0  # seconds
 
 
@@ -136,7 +139,7 @@ class MemoryStore(SessionStore):
             current = self._live(self._sessions, key, now)
             # A retried create of the very same record is a no-op (as in Redis, where a dropped
             # connection can make the client resend a create that already ran).
-            if current is not None and _same_content(current[0], record):
+            if current is not None and same_content(current[0], record):
                 self._sessions[key] = (current[0], now + self.session_ttl)
                 return
             if current is not None:
@@ -162,7 +165,7 @@ class MemoryStore(SessionStore):
             return replace(current[0], expires_at=expires_at)
 
     def update_session(self, record: SessionRecord, expected_version: int) -> None:
-        _check_next_version(record, expected_version)
+        check_next_version(record, expected_version)
         key = (record.tenant, record.session_id)
         with self._lock:
             now = self._tick()
@@ -222,6 +225,10 @@ class MemoryStore(SessionStore):
             raise StoreUnavailable(f"the in-memory store did not answer within {PING_TIMEOUT:g} s")
         self._lock.release()
 
+    def rate_limiter(self, rate: Rate, scope: str) -> MemoryLimiter:
+        # Timed by the store's clock (wall time, as Redis's TIME is for the shared limiter).
+        return MemoryLimiter(rate, clock=self._clock)
+
     # --- expiry ------------------------------------------------------------------------------
 
     def _tick(self) -> float:
@@ -270,14 +277,3 @@ class MemoryStore(SessionStore):
         return ((self.quotas.instances is not None and count >= self.quotas.instances)
                 or (self.quotas.stored_bytes is not None and stored + size > self.quotas.stored_bytes))
 
-
-def _check_next_version(record: SessionRecord, expected_version: int) -> None:
-    if record.version != expected_version + 1:
-        raise ValueError(
-            f"record.version must be expected_version + 1 = {expected_version + 1}, got {record.version}"
-        )
-
-
-def _same_content(a: SessionRecord, b: SessionRecord) -> bool:
-    # expires_at is derived from the TTL the store applies, not content.
-    return replace(a, expires_at=0.0) == replace(b, expires_at=0.0)

@@ -10,6 +10,8 @@ percent-encoded, so none of them can contain ``{``, ``}`` or ``:``)::
     P:{i:<tenant>:<content hash>}:gone      string  the instance was deleted (TTL: the instance's)
     P:{l:<tenant>}:instances                zset    listing positions "<created ms>:<hash>", all
                                                     score 0 (ordered as text: creation order)
+    P:{r:<tenant>}:rate                     string  the tenant's rate limit (GCRA TAT, ratelimit.py)
+    P:{a:<client address>}:rate             string  failed authentications from one address
 
 The ``{…}`` part is the Redis Cluster hash tag: every key belonging to one session (the state
 today; anything later added for it must reuse ``{s:<tenant>:<sid>}``) lands in one slot, so the
@@ -90,6 +92,7 @@ from service.engine import CompiledInstance
 from . import codec
 from .base import (
     DEFAULT_TENANT,
+    INSTANCE_TTL_FACTOR,
     CorruptRecord,
     QuotaExceeded,
     Quotas,
@@ -99,9 +102,10 @@ from .base import (
     StoreFull,
     StoreUnavailable,
     VersionConflict,
+    check_next_version,
 )
 from .cache import InstanceCache, RecordCache
-from .memory import INSTANCE_TTL_FACTOR, _check_next_version
+from .ratelimit import Rate, RedisLimiter
 from .redis_client import COMMAND_TIMEOUT, LazyClient, connect, is_unavailable, redis_errors
 
 log = logging.getLogger(__name__)
@@ -418,7 +422,7 @@ class RedisStore(SessionStore):
         return None if seen is None else seen.record
 
     def update_session(self, record: SessionRecord, expected_version: int) -> None:
-        _check_next_version(record, expected_version)
+        check_next_version(record, expected_version)
         if expected_version < 1:
             raise ValueError(f"expected_version must be ≥ 1, got {expected_version}")
         key = self.session_key(record.session_id, record.tenant)
@@ -478,6 +482,9 @@ class RedisStore(SessionStore):
             previous = self._write(key, [("SET", key, value, "NX", "GET", "PX", self._instance_ttl_ms,
                                           {"get": True})])[0]
         return value if previous is None else previous
+
+    def rate_limiter(self, rate: Rate, scope: str) -> RedisLimiter:
+        return RedisLimiter(rate, self._redis, self.key_prefix, scope)
 
     def ping(self) -> None:
         with self._guard():

@@ -6,12 +6,14 @@ one number per tenant, the theoretical arrival time (TAT) of its next request: a
 TAT to ``max(TAT, now) + T``. A refused request learns exactly when it would conform
 (``TAT − τ − now``), which becomes ``Retry-After``.
 
-With Redis (``REDIS_URL``) the TAT lives in Redis and one Lua script reads and moves it using the
-server's clock, so every worker of every host shares one budget per tenant. Without Redis it
-lives in this process (the in-memory store is one process anyway). Redis failures are mapped like
-every other store call (service/store/redis_store.py ``redis_errors``): a Redis that does not
-answer, is loading or busy is a 503, after at most one 0.5 s timeout. A full Redis (OOM) lets
-the request through: the limiter cannot record it, and refusing every request for that would
+The store decides where the TATs live (``SessionStore.rate_limiter``), so one place picks memory,
+Redis or a cluster. With Redis (``REDIS_URL``) the TAT lives in Redis, beside the sessions, and one
+Lua script reads and moves it using the server's clock, so every worker of every host shares one
+budget per tenant; it goes through the store's own client. In memory it lives in this process
+(the in-memory store is one process anyway), timed by the store's clock. Redis failures are
+mapped like every other store call (service/store/redis_client.py ``redis_errors``): a Redis that
+does not answer, is loading or busy is a 503, after at most one 0.5 s timeout. A full Redis (OOM)
+lets the request through: the limiter cannot record it, and refusing every request for that would
 turn a full store into an outage of reads too.
 """
 
@@ -21,12 +23,13 @@ import logging
 import math
 import re
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import quote
 
-from service.store import StoreFull
-from service.store.redis_client import LazyClient, connect, redis_errors
+from .base import StoreFull
+from .redis_client import LazyClient, redis_errors
 
 log = logging.getLogger(__name__)
 
@@ -78,16 +81,27 @@ def parse_rate(text: str, burst: int | None = None) -> Rate:
     return Rate(count, PERIODS[match.group(2)], burst or count)
 
 
+class RateLimiter(Protocol):
+    rate: Rate
+
+    def wait_seconds(self, tenant: str, count: bool = True) -> float:
+        """0 when the request conforms (and is counted, unless ``count`` is false), else
+        seconds until one would."""
+
+
+# Who a limiter counts: tenants' requests, or failed authentications by client address.
+REQUESTS = "r"
+AUTH_FAILURES = "a"
+
+
 class MemoryLimiter:
-    def __init__(self, rate: Rate, clock=time.monotonic):
+    def __init__(self, rate: Rate, clock: Callable[[], float]):
         self.rate = rate
         self._clock = clock
         self._tat: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def wait_seconds(self, tenant: str, count: bool = True) -> float:
-        """0 when the request conforms (and is counted, unless ``count`` is false), else
-        seconds until one would."""
         interval, tolerance = self.rate.interval_us / 1e6, self.rate.tolerance_us / 1e6
         with self._lock:
             now = self._clock()
@@ -103,12 +117,11 @@ class MemoryLimiter:
 
 
 class RedisLimiter:
-    def __init__(self, rate: Rate, url: str, key_prefix: str, scope: str = "r", cluster: bool = False):
+    def __init__(self, rate: Rate, redis: LazyClient, key_prefix: str, scope: str):
         self.rate = rate
         self.key_prefix = key_prefix
-        self.scope = scope  # "r": tenants' request rates; "a": failed authentications by address
-        # Its own client, configured as the store's (service/store/redis_client.py).
-        self._redis = LazyClient(lambda: connect(url, cluster=cluster))
+        self.scope = scope  # REQUESTS or AUTH_FAILURES
+        self._redis = redis  # the store's client
 
     def key(self, tenant: str) -> str:
         # Percent-encoded: an IPv6 address's colons (or a brace) cannot fake the key's structure;
@@ -127,15 +140,3 @@ class RedisLimiter:
             return 0.0
         return int(waited) / 1e6
 
-
-def create_limiter(rate_limit: str | None, burst: int | None, redis_url: str | None, key_prefix: str,
-                   scope: str = "r", redis_cluster: bool = False):
-    if not rate_limit:
-        return None
-    rate = parse_rate(rate_limit, burst)
-    return RedisLimiter(rate, redis_url, key_prefix, scope, redis_cluster) if redis_url else MemoryLimiter(rate)
-
-
-def retry_after(seconds: float) -> str:
-    """Whole seconds, rounded up, at least 1 (RFC 9110 §10.2.3 allows no fractions)."""
-    return str(max(1, math.ceil(seconds)))
