@@ -167,7 +167,7 @@ LIMITS = [
             'least recently used dropped (recomputed); never refused', note=' per worker'),
     setting('worker_heap_reserve_bytes',
             "heap a worker faults in when it boots and keeps (service/heap.py; glibc's malloc): blocks up to this size come from one heap for every thread and go back to it, so a big request, a fresh worker's first included, does not pay ~3 µs per fresh page",
-            "never refused: larger blocks are mapped and unmapped as malloc does by default. Resident from boot, used or not; 0: malloc's defaults", note=' per worker'),
+            "never refused: larger blocks are mapped and unmapped as malloc does by default. Resident from boot, used or not; 0: malloc's defaults. A worker idle more than 128 MiB above its boot size gives the heap's free pages back (`malloc_trim`, keeping this much at the top; checked when a request ends, at most once a second): two refused 75 MB bodies left one 174 MB above boot, 23 MB with the trim (`python3 -m pytest tests/test_heap.py -k idle`). Memory Python's own allocator holds for objects still alive (the labels of a big instance the embedded store keeps) is not the heap's and stays: a 70 MB per-hypothesis instance (300 000 × 20) left the embedded store's worker at 694 MB idle against 192 MB at boot (849 MB before the trim)", note=' per worker'),
     setting('session_ttl',
             'time since a session was last read or written',
             '404 `session-not-found`; 410 `instance-expired` for a session whose instance is gone'),
