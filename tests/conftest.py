@@ -290,3 +290,25 @@ def app(app_config):
 @pytest.fixture
 def client(app):
     return app.test_client()
+
+
+def wait_until_busy(url: str, within: float = 10.0) -> None:
+    """Return once Redis at ``url`` answers BUSY (a script is running past busy-reply-threshold):
+    a condition polled, not a sleep that hopes the script has started."""
+    import redis
+
+    probe = redis.Redis.from_url(url, socket_timeout=within)
+    deadline = time.monotonic() + within
+    try:
+        while True:
+            try:
+                probe.ping()
+            except redis.exceptions.ResponseError as error:
+                if str(error).startswith("BUSY"):
+                    return
+                raise
+            if time.monotonic() > deadline:
+                raise AssertionError(f"Redis at {url} was not busy within {within} s")
+            time.sleep(0.005)
+    finally:
+        probe.close()

@@ -17,7 +17,7 @@ import requests
 from redis._parsers.base import BaseParser
 
 from api_support import TRIAGE, assert_problem
-from conftest import RedisClusterServers, RedisServer, free_port
+from conftest import RedisClusterServers, RedisServer, free_port, wait_until_busy
 from live_server import LiveServer
 from service.app import create_app
 from service.store import StoreUnavailable
@@ -149,21 +149,29 @@ def test_a_read_only_replica_answers_503(tmp_path):
 def test_a_busy_redis_answers_503(tmp_path):
     server = RedisServer(tmp_path, "--busy-reply-threshold", "50")
     server.start()
-    blocker = redis.Redis.from_url(server.url, socket_timeout=10)
+    blocker = redis.Redis.from_url(server.url, socket_timeout=30)
+    admin = redis.Redis.from_url(server.url)
+    # A script that loops until killed: every other client gets BUSY meanwhile.
+    busy = threading.Thread(target=lambda: _ignore(lambda: blocker.eval("while true do end", 0)), daemon=True)
     try:
-        # A script that loops for ~1.5 s: every other client gets BUSY meanwhile.
-        busy = threading.Thread(target=lambda: blocker.eval(
-            "local t = redis.call('TIME') local stop = t[1] + 2 "
-            "while tonumber(redis.call('TIME')[1]) < stop do end return 1", 0))
         busy.start()
-        time.sleep(0.3)
+        wait_until_busy(server.url)
         client = create_app({"redis_url": server.url, "key_prefix": "busy"}).test_client()
         response = client.post("/v1/sessions", json={"instance": TRIAGE})
         assert_problem(response, 503, "store-unavailable")
-        busy.join()
     finally:
+        _ignore(admin.script_kill)
+        busy.join(timeout=10)
         blocker.close()
+        admin.close()
         server.stop()
+
+
+def _ignore(call):
+    try:
+        call()
+    except redis.exceptions.RedisError:
+        pass
 
 
 def test_readyz_is_not_ready_while_the_cluster_state_is_not_ok(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 import uuid
 
 import pytest
@@ -15,6 +14,7 @@ import redis
 from gunicorn.http.errors import InvalidChunkSize
 
 from api_support import QUAD, TRIAGE, assert_problem, new_session
+from conftest import wait_until_busy
 from service.app import create_app
 from service.store import StoreFull, StoreUnavailable
 from service.store.redis_store import redis_errors
@@ -219,7 +219,7 @@ def test_a_redis_busy_with_a_script_is_503_for_the_rate_limiter_too(private_redi
     spinner = threading.Thread(target=lambda: _ignore(lambda: redis.Redis(port=private_redis.port).eval(
         "while true do end", 0)), daemon=True)
     spinner.start()
-    time.sleep(0.4)  # past busy-reply-threshold: every other client now gets BUSY
+    wait_until_busy(private_redis.url)  # past busy-reply-threshold: every other client now gets BUSY
     try:
         response = client.get("/v1/sessions/x")
         assert_problem(response, 503, "store-unavailable")
