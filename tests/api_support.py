@@ -136,5 +136,8 @@ class Delegating(SessionStore):
     def put_value(self, name, value, tenant=DEFAULT_TENANT):
         return self.inner.put_value(name, value, tenant)
 
+    def rate_limiter(self, rate, scope):
+        return self.inner.rate_limiter(rate, scope)
+
     def ping(self):
         return self.inner.ping()

@@ -1,10 +1,10 @@
 """The session-store contract. Every store (in-memory, Redis, Redis Cluster) implements
 :class:`SessionStore` and passes the same contract suite (tests/test_store_contract.py).
 
-The contract is four small parts, each a class of its own, so a reader (or a domain module's
+The contract is five small parts, each a class of its own, so a reader (or a domain module's
 type hint) can hold one at a time: :class:`InstanceShelf` (instances, their listing and the
 memory of deletions), :class:`SessionTable` (compare-and-set session records),
-:class:`IdempotencyKeys` and :class:`StoreHealth`; plus :meth:`SessionStore.rate_limiter`, so the
+:class:`IdempotencyKeys`, :class:`SharedValues` and :class:`StoreHealth`; plus :meth:`SessionStore.rate_limiter`, so the
 rate limits live wherever the store does. The rules every store shares (the instance TTL, the
 next-version check, what makes two records the same) are public here, not in one store.
 
@@ -227,6 +227,20 @@ class IdempotencyKeys(abc.ABC):
         whole before anything is written)."""
 
 
+class SharedValues(abc.ABC):
+    """Small values computed once for every worker, under a name, for the instance TTL."""
+
+    @abc.abstractmethod
+    def get_value(self, name: str, tenant: str = DEFAULT_TENANT) -> bytes | None:
+        """The value stored under ``name``, or None when none is (or it expired)."""
+
+    @abc.abstractmethod
+    def put_value(self, name: str, value: bytes, tenant: str = DEFAULT_TENANT) -> bytes:
+        """Store ``value`` under ``name`` for the instance TTL unless a value is there already
+        (atomically: the first writer wins), and return the value stored: every worker that
+        computed one at the same time agrees on the first."""
+
+
 class StoreHealth(abc.ABC):
     @abc.abstractmethod
     def ping(self) -> None:
@@ -238,7 +252,7 @@ class StoreHealth(abc.ABC):
         store does not answer. Reads and writes nothing."""
 
 
-class SessionStore(InstanceShelf, SessionTable, IdempotencyKeys, StoreHealth):
+class SessionStore(InstanceShelf, SessionTable, IdempotencyKeys, SharedValues, StoreHealth):
     """One tenant-scoped store of instances and sessions. All methods are thread-safe."""
 
     @abc.abstractmethod
