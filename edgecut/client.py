@@ -11,6 +11,7 @@ retried: the server may still be working, and a second request would only add to
 from __future__ import annotations
 
 import email.utils
+import io
 import json
 import random
 import time
@@ -21,9 +22,12 @@ from urllib.parse import quote
 from datetime import timezone
 from typing import Any, TypeVar
 
+import numpy as np
 import requests
 from pydantic import BaseModel
+from urllib3 import encode_multipart_formdata
 
+from schemas.arrays import encode
 from schemas.responses import InstanceList, InstanceListItem, InstanceSummary, SessionState, StepState
 
 PROBLEM_TYPE_PREFIX = "urn:edgecut:problem:"
@@ -138,9 +142,17 @@ class Client:
 
     def create_instance(self, payload: Mapping[str, Any] | BaseModel) -> str:
         """Post an instance (a dict in the wire form, or a :class:`schemas.instance.Instance`);
-        returns its id (the sha256 of its compiled content, so posting it again is harmless)."""
-        response = self._request("POST", "/v1/instances", body=_wire(payload))
-        return response.json()["instance_id"]
+        returns its id (the sha256 of its compiled content, so posting it again is harmless).
+        A ``matrix`` or ``likelihood_matrix`` given as a numpy array is sent in the binary body
+        (the JSON and the array's ``.npy`` bytes, docs/instances.md): no base64, no lists."""
+        document, arrays = _instance_and_arrays(payload)
+        if not arrays:
+            return self._request("POST", "/v1/instances", body=document).json()["instance_id"]
+        fields = {"instance": ("instance.json", json.dumps(document, allow_nan=False).encode(), "application/json")}
+        fields.update({name: (f"{name}.npy", _npy(array), "application/octet-stream")
+                       for name, array in arrays.items()})
+        content = encode_multipart_formdata(fields)
+        return self._request("POST", "/v1/instances", content=content).json()["instance_id"]
 
     def get_instance(self, instance_id: str) -> InstanceSummary:
         return _parse(InstanceSummary, self._request("GET", f"/v1/instances/{instance_id}"))
@@ -245,7 +257,7 @@ class Client:
                **options: Any) -> StepState:
         """``POST /v1/select``: the next step for observations the caller keeps itself (by
         ``instance_id``, or an inline ``instance``); nothing is stored."""
-        body: dict[str, Any] = {"instance_id": instance_id} if instance is None else {"instance": _wire(instance)}
+        body: dict[str, Any] = {"instance_id": instance_id} if instance is None else {"instance": _json_instance(instance)}
         body["observations"] = [dict(o) if isinstance(o, Mapping) else {"test": o[0], "outcome": o[1]}
                                 for o in observations]
         body.update(_options(options))
@@ -278,14 +290,17 @@ class Client:
                 self._etags.popitem(last=False)
         return state
 
-    def _request(self, method: str, path: str, *, body: Any = None, headers: Mapping[str, str] | None = None,
-                 params: Mapping[str, str] | None = None, gone_after_retry_is_done: bool = False) -> requests.Response:
+    def _request(self, method: str, path: str, *, body: Any = None, content: tuple[bytes, str] | None = None,
+                 headers: Mapping[str, str] | None = None, params: Mapping[str, str] | None = None,
+                 gone_after_retry_is_done: bool = False) -> requests.Response:
+        """``body``: JSON to send; ``content``: bytes already encoded, with their media type."""
         # One request id for every attempt, so the service's logs tie the retries together.
         sent = {"X-Request-ID": uuid.uuid4().hex, **(headers or {})}
         data = None
         if body is not None:
-            data = json.dumps(body, allow_nan=False).encode()
-            sent["Content-Type"] = "application/json"
+            content = (json.dumps(body, allow_nan=False).encode(), "application/json")
+        if content is not None:
+            data, sent["Content-Type"] = content
         lost_answer = False
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
@@ -335,10 +350,30 @@ class Client:
         time.sleep(seconds)
 
 
-def _wire(payload: Mapping[str, Any] | BaseModel) -> Any:
+ARRAY_FIELDS = ("matrix", "likelihood_matrix")
+
+
+def _instance_and_arrays(payload: Mapping[str, Any] | BaseModel) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The instance's JSON form without its numpy arrays, and those arrays by field."""
     if isinstance(payload, BaseModel):
-        return payload.model_dump(mode="json", by_alias=True, exclude_unset=True)
-    return payload
+        arrays = {name: getattr(payload, name) for name in ARRAY_FIELDS
+                  if isinstance(getattr(payload, name, None), np.ndarray)}
+        document = payload.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude=set(arrays))
+        return document, arrays
+    arrays = {name: payload[name] for name in ARRAY_FIELDS if isinstance(payload.get(name), np.ndarray)}
+    return {name: value for name, value in payload.items() if name not in arrays}, arrays
+
+
+def _json_instance(payload: Mapping[str, Any] | BaseModel) -> dict[str, Any]:
+    """An inline instance as JSON: numpy arrays in the compact base64 form."""
+    document, arrays = _instance_and_arrays(payload)
+    return {**document, **{name: encode(array) for name, array in arrays.items()}}
+
+
+def _npy(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array, allow_pickle=False)
+    return out.getvalue()
 
 
 def _options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """The columnar instance's big arrays — ``matrix`` (n×N outcome indices) and
-``likelihood_matrix`` (n×N×ℓ probabilities) — as numpy arrays, from either wire form:
+``likelihood_matrix`` (n×N×ℓ probabilities) — as numpy arrays, from any of their forms:
 
 * nested JSON lists (pydantic has checked each cell's type, in Rust);
 * the compact form, ``{"encoding": "base64", "dtype": "uint8", "shape": [n, N], "data": "..."}``:
-  the base64 of the array's little-endian, C-order bytes (docs/instances.md).
+  the base64 of the array's little-endian, C-order bytes, decoded straight into a numpy array
+  (docs/instances.md);
+* a numpy array, as a Python caller builds one or as the binary body's ``.npy`` part carries it
+  (service/api/multipart.py): never from a JSON document.
 
 Either way the rules are checked on the whole array at once (ranges, finiteness, rows summing to
 1) — never a Python loop over cells — and each problem still names its cell, e.g.
@@ -18,11 +21,12 @@ import math
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 # Wire dtype → numpy dtype, little-endian whatever the host.
 DTYPES = {"uint8": np.dtype("<u1"), "uint16": np.dtype("<u2"), "int32": np.dtype("<i4"),
           "float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
+WIRE_DTYPES = {dtype.str: wire for wire, dtype in DTYPES.items()}
 # Cells of the first problems reported; the rest would only make a megabyte of errors.
 MAX_REPORTED = 50
 
@@ -38,51 +42,7 @@ class EncodedArray(BaseModel):
     encoding: Literal["base64"]
     dtype: Literal["uint8", "uint16", "int32", "float32", "float64"]
     shape: list[StrictInt] = Field(min_length=1, max_length=3)
-    # The base64 text; the bytes of the request body itself when the string was lifted out of
-    # the body before parsing (service/api/bulk.py), so 13 MB never become a Python str.
     data: str
-
-    @field_validator("data")
-    @classmethod
-    def _take_lifted(cls, data: str, info: ValidationInfo) -> str | memoryview:
-        lifted = (info.context or {}).get(Lifted.CONTEXT_KEY)
-        taken = None if lifted is None else lifted.take(data, memoryview)
-        return data if taken is None else taken
-
-
-class Lifted:
-    """Big values cut out of a request body before it was parsed, by the placeholder each left in
-    the body (service/api/bulk.py): long strings (as the body's bytes) and one-digit matrices (as
-    uint8 arrays). A compact array's ``data`` takes a string back, ``matrix`` a matrix; a
-    placeholder anywhere else is left untaken, and the body is then parsed whole."""
-
-    CONTEXT_KEY = "lifted"  # where model_validate's context carries them
-
-    def __init__(self, values: dict[str, memoryview | np.ndarray]):
-        self._values = values
-        self._taken: set[str] = set()
-
-    def take(self, text: str, kind: type) -> memoryview | np.ndarray | None:
-        """The value of type ``kind`` the placeholder ``text`` stands for, or None."""
-        value = self._values.get(text)
-        if not isinstance(value, kind):
-            return None
-        self._taken.add(text)
-        return value
-
-    @property
-    def all_taken(self) -> bool:
-        return len(self._taken) == len(self._values)
-
-
-def take_lifted_matrix(value: Any, info: ValidationInfo) -> Any:
-    """``matrix`` as ``[["<placeholder>"]]``: the digit matrix lifted out of the body there."""
-    lifted = (info.context or {}).get(Lifted.CONTEXT_KEY)
-    if (lifted is None or type(value) is not list or len(value) != 1 or type(value[0]) is not list
-            or len(value[0]) != 1 or type(value[0][0]) is not str):
-        return value
-    taken = lifted.take(value[0][0], np.ndarray)
-    return value if taken is None else taken
 
 
 class ArrayProblems(ValueError):
@@ -96,14 +56,16 @@ class ArrayProblems(ValueError):
 def to_array(value: list | EncodedArray | np.ndarray, name: str, ndim: int, kind: Literal["int", "float"],
              n_columns: int) -> np.ndarray:
     """The array ``value`` stands for: ``ndim`` dimensions, rows of ``n_columns`` (one per test),
-    else :class:`ArrayProblems`. Nested lists become int64 / float64; the compact form keeps its
-    dtype (a read-only view of the decoded bytes); a matrix lifted out of the body is uint8."""
+    else :class:`ArrayProblems`. Nested lists become int64 / float64; the compact form and a numpy
+    array keep their dtype (the compact form as a read-only view of the decoded bytes)."""
     if isinstance(value, EncodedArray):
         return _decode(value, name, ndim, kind, n_columns)
-    if isinstance(value, np.ndarray):  # lifted (service/api/bulk.py): rectangular one-digit rows
-        if value.ndim != ndim or value.shape[1] != n_columns:
-            raise ArrayProblems([((name,), f"has {value.shape[1]} columns, expected one per test ({n_columns})")])
-        return value
+    if isinstance(value, np.ndarray):
+        wire = WIRE_DTYPES.get(value.dtype.newbyteorder("<").str)
+        if wire is None:
+            raise ArrayProblems([((name, "dtype"), f"dtype {value.dtype} is not one of {sorted(DTYPES)}")])
+        _check_form(name, ndim, kind, n_columns, wire, value.shape)
+        return value.astype(DTYPES[wire], copy=False)  # a copy only when it came big-endian
     if not value:
         raise ArrayProblems([((name,), "at least one hypothesis (row) is required")])
     dtype = np.int64 if kind == "int" else np.float64
@@ -118,16 +80,21 @@ def to_array(value: list | EncodedArray | np.ndarray, name: str, ndim: int, kind
     return array
 
 
-def _decode(value: EncodedArray, name: str, ndim: int, kind: str, n_columns: int) -> np.ndarray:
-    dtype = DTYPES[value.dtype]
-    shape = tuple(value.shape)
+def _check_form(name: str, ndim: int, kind: str, n_columns: int, wire_dtype: str, shape: tuple[int, ...]) -> None:
+    """The rules on a sized array's dtype and shape, whether it came compact or as numpy."""
     if len(shape) != ndim or any(s < 1 for s in shape):
         raise ArrayProblems([((name, "shape"), f"shape must be {ndim} positive lengths, got {list(shape)}")])
     if shape[1] != n_columns:
         raise ArrayProblems([((name, "shape"), f"shape {list(shape)} has {shape[1]} columns, expected one per "
                               f"test ({n_columns})")])
-    if kind == "int" and dtype.kind == "f":
-        raise ArrayProblems([((name, "dtype"), f"outcome indices need an integer dtype, not {value.dtype}")])
+    if kind == "int" and DTYPES[wire_dtype].kind == "f":
+        raise ArrayProblems([((name, "dtype"), f"outcome indices need an integer dtype, not {wire_dtype}")])
+
+
+def _decode(value: EncodedArray, name: str, ndim: int, kind: str, n_columns: int) -> np.ndarray:
+    dtype = DTYPES[value.dtype]
+    shape = tuple(value.shape)
+    _check_form(name, ndim, kind, n_columns, value.dtype, shape)
     expected = math.prod(shape) * dtype.itemsize
     # Base64 carries 3 bytes per 4 characters: compare lengths before decoding anything.
     if len(value.data) != 4 * math.ceil(expected / 3):
@@ -205,9 +172,8 @@ def likelihood_problems(likelihood: np.ndarray, outcome_counts: np.ndarray, test
 def encode(array: Any) -> dict[str, Any]:
     """The compact wire form of ``array`` (for clients, tests and benchmarks)."""
     array = np.asarray(array)
-    names = {dtype.str: wire for wire, dtype in DTYPES.items()}
     canonical = array.astype(array.dtype.newbyteorder("<"), copy=False)
-    if canonical.dtype.str not in names:
+    if canonical.dtype.str not in WIRE_DTYPES:
         raise ValueError(f"dtype {array.dtype} has no compact form; use one of {sorted(DTYPES)}")
-    return {"encoding": "base64", "dtype": names[canonical.dtype.str], "shape": list(array.shape),
+    return {"encoding": "base64", "dtype": WIRE_DTYPES[canonical.dtype.str], "shape": list(array.shape),
             "data": base64.b64encode(np.ascontiguousarray(canonical).tobytes()).decode("ascii")}

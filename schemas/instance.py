@@ -4,8 +4,9 @@ Two equivalent shapes are accepted (see docs/instances.md):
 
 * per-hypothesis: ``hypotheses: [{id, class, prior, outcomes | likelihoods}]``;
 * columnar: ``matrix`` (n×N outcome indices) or ``likelihood_matrix`` (n×N×ℓ), ``classes``,
-  optional ``priors`` and ``hypothesis_ids``; each array as nested lists or in the compact
-  base64 form (schemas/arrays.py), checked whole with numpy.
+  optional ``priors`` and ``hypothesis_ids``; each array as nested lists, in the compact
+  base64 form, or (from Python, or the binary body's ``.npy`` part) a numpy array
+  (schemas/arrays.py), checked whole with numpy.
 
 A *decision instance* names ``decisions`` instead of classes: each hypothesis says which decisions
 are acceptable for it (``acceptable``, or ``loss`` per decision within ``loss_tolerance`` of its
@@ -47,7 +48,6 @@ from .arrays import (
     EncodedArray,
     likelihood_problems,
     outcome_index_problems,
-    take_lifted_matrix,
     to_array,
 )
 
@@ -95,19 +95,20 @@ Number = StrictFloat | StrictInt
 
 def _array_form(value: Any) -> str:
     if isinstance(value, np.ndarray):
-        return "lifted"
+        return "numpy"
     return "compact" if isinstance(value, dict | EncodedArray) else "lists"
 
 
-# Nested lists or the compact form (or lists the body reader read itself, never on the wire);
-# json_path drops the tag from error locations.
-ARRAY_FORMS = ("lists", "compact", "lifted")
+# Nested lists or the compact form in JSON; a numpy array from Python or a binary body's .npy
+# part (no JSON document can make one, so it is not in the JSON schema). json_path drops the
+# tag from error locations.
+ARRAY_FORMS = ("lists", "compact", "numpy")
 
 
-def _array_field(lists: Any, *validators: Any) -> Any:
+def _array_field(lists: Any) -> Any:
     return Annotated[Union[Annotated[lists, Tag("lists")], Annotated[EncodedArray, Tag("compact")],
-                           SkipJsonSchema[Annotated[InstanceOf[np.ndarray], Tag("lifted")]]],
-                     Discriminator(_array_form), *validators]
+                           SkipJsonSchema[Annotated[InstanceOf[np.ndarray], Tag("numpy")]]],
+                     Discriminator(_array_form)]
 
 
 class _DerivedArrays(dict):
@@ -153,7 +154,7 @@ class Instance(_Wire):
     tests: list[TestSpec] = Field(min_length=1)
     hypotheses: list[HypothesisSpec] | None = None
     # Columnar form.
-    matrix: _array_field(list[list[StrictInt]], BeforeValidator(take_lifted_matrix)) | None = None
+    matrix: _array_field(list[list[StrictInt]]) | None = None
     likelihood_matrix: _array_field(list[list[list[Number]]]) | None = None
     classes: Labels | None = None
     priors: list[Number] | None = None

@@ -1,12 +1,12 @@
-"""Big instances: the compact array form of ``matrix`` / ``likelihood_matrix``, gzip request
-bodies (a bomb is refused before it is inflated), and defaults under which an instance at
-MAX_CELLS can be posted. Every form is compared with the per-hypothesis form, compiled by the
+"""Big instances: the compact array form of ``matrix`` / ``likelihood_matrix``, the binary body
+(multipart/form-data with a ``.npy`` part), gzip request bodies (a bomb is refused before it is
+inflated), and defaults under which an instance at MAX_CELLS can be posted. Every form is compared with the per-hypothesis form, compiled by the
 path that never sees a columnar array (tests/reference.py builds the instances)."""
 
 from __future__ import annotations
 
 import gzip
-import json
+import io
 import math
 import random
 import socket
@@ -17,8 +17,7 @@ import orjson
 import pytest
 
 from api_support import assert_problem
-from schemas.arrays import Lifted, encode
-from service.api.bulk import LIFT_MIN_BYTES, lift_bulk
+from schemas.arrays import encode
 from service.app import create_app
 from service.settings import Settings
 from tests import reference as ref
@@ -180,169 +179,7 @@ def test_an_instance_at_max_cells_fits_the_default_body_limit_in_the_compact_for
     assert size <= defaults.max_body_bytes, (size, defaults.max_body_bytes)
 
 
-# --- long strings lifted out of the body before parsing (service/api/bulk.py) ---------------------
-
-LONG = LIFT_MIN_BYTES + 5
-
-
-def restored(lifted: tuple[bytes, Lifted]) -> object:
-    """The lifted body parsed, each placeholder replaced by the value it stands for."""
-    body, values = lifted
-
-    def back(value):
-        if isinstance(value, dict):
-            return {back(key): back(item) for key, item in value.items()}
-        if isinstance(value, list):
-            if len(value) == 1 and isinstance(value[0], list) and len(value[0]) == 1 and isinstance(value[0][0], str):
-                matrix = values.take(value[0][0], np.ndarray)
-                if matrix is not None:
-                    return matrix.tolist()
-            return [back(item) for item in value]
-        if isinstance(value, str):
-            taken = values.take(value, memoryview)
-            return value if taken is None else str(taken, "ascii")
-        return value
-
-    return back(orjson.loads(body))
-
-
-def tricky_body(rng: random.Random) -> bytes:
-    """JSON text with long strings among escapes that a quote count must not be fooled by."""
-    def long_string() -> str:
-        kind = rng.choice(["base64", "escaped quote", "backslash at the end", "unicode", "control"])
-        text = "A" * rng.randint(LONG - 10, 3 * LONG)
-        if kind == "escaped quote":
-            return orjson.dumps(text[:100] + '"' + text[100:]).decode()
-        if kind == "backslash at the end":
-            return orjson.dumps(text + "\\").decode()
-        if kind == "unicode":
-            return orjson.dumps(text + "é").decode()
-        if kind == "control":
-            return orjson.dumps(text + "\n").decode()
-        return f'"{text}"'
-
-    def short_string() -> str:
-        return rng.choice(['"a"', '"\\\\"', '"\\""', '"\\\\\\""', '"x\\u003ay"', '""', '"\\\\\\\\"'])
-
-    def long_outside_strings() -> str:  # as quote-free as a long string, but not one
-        return rng.choice(["[" + ",".join("7" * rng.randint(LONG // 2, LONG)) + "]",
-                           "[" + " " * rng.randint(LONG, 2 * LONG) + "1]", digit_matrix()])
-
-    def digit_matrix() -> str:
-        """One-digit rows, or rows that only nearly are."""
-        n, m = rng.randint(2, 300), rng.randint(1, 400)
-        rows = [[rng.randrange(10) for _ in range(m)] for _ in range(n)]
-        flaw = rng.choice([None, None, "ragged", "two digits", "negative", "float", "true", "deeper", "joined"])
-        i, j = rng.randrange(n), rng.randrange(m)
-        if flaw == "ragged":
-            rows[i] = rows[i][:-1] if m > 1 else [1, 2]
-        elif flaw in ("two digits", "negative", "float", "true"):
-            rows[i][j] = {"two digits": 10, "negative": -1, "float": 0.5, "true": True}[flaw]
-        elif flaw == "deeper":
-            rows[i][j] = [1]
-        text = json.dumps(rows, separators=(rng.choice([",", ", ", ",\n  "]), ": "))
-        return text.replace("],", "]7", 1) if flaw == "joined" else text  # rows not joined by a comma
-
-    def value(depth: int) -> str:
-        pick = rng.random()
-        if depth > 2 or pick < 0.3:
-            return rng.choice([long_string(), long_outside_strings(), short_string(), "1", "true", "null"])
-        if pick < 0.6:
-            return "[" + ", ".join(value(depth + 1) for _ in range(rng.randint(0, 4))) + "]"
-        if rng.random() < 0.3:
-            return "{" + f'"matrix": {digit_matrix()}' + rng.choice(["}", ', "k": 1}', "  }"])
-        keys = [rng.choice([short_string(), long_string(), '"k"', '"data"']) for _ in range(rng.randint(0, 4))]
-        return "{" + ",".join(f"{k}: {value(depth + 1)}" for k in keys) + "}"
-
-    return value(0).encode()
-
-
-def test_lifting_long_strings_keeps_the_value_of_the_body():
-    rng = random.Random(5)
-    lifted_some = 0
-    for _ in range(300):
-        raw = tricky_body(rng)
-        lifted = lift_bulk(raw)
-        if lifted is None:
-            continue
-        try:
-            expected = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            continue  # a flawed matrix: the next test's business
-        lifted_some += 1
-        assert restored(lifted) == expected
-    assert lifted_some > 50
-
-
-def test_a_body_is_valid_json_after_lifting_exactly_when_it_was_before():
-    rng = random.Random(6)
-    lifted_some = 0
-    for _ in range(300):
-        raw = bytearray(tricky_body(rng))
-        for _ in range(rng.randint(1, 3)):  # a stray quote, backslash, control byte or brace
-            raw.insert(rng.randrange(len(raw) + 1), rng.choice(b'"\\\x01{,'))
-        lifted = lift_bulk(bytes(raw))
-        if lifted is None:
-            continue
-        lifted_some += 1
-
-        def valid(text: bytes) -> bool:
-            try:
-                orjson.loads(text)
-            except orjson.JSONDecodeError:
-                return False
-            return True
-
-        assert valid(lifted[0]) == valid(bytes(raw)), bytes(raw)
-    assert lifted_some > 25
-
-
-def test_only_printable_ascii_strings_without_escapes_are_lifted():
-    text = "A" * LONG
-    for raw, lifted in [(f'{{"data": "{text}"}}', 1), (f'["{text}", "{text}"]', 2),
-                        (orjson.dumps({"data": text + '"'}).decode(), 0), (orjson.dumps({"data": text + "é"}).decode(), 0),
-                        (orjson.dumps({"data": text + "\t"}).decode(), 0), (f'{{"data": "{text[:1000]}"}}', 0),
-                        # a placeholder the client wrote itself: nothing is lifted
-                        (f'{{"data": "{text}", "note": "\\u0000lifted-0"}}', 0)]:
-        result = lift_bulk(raw.encode())
-        assert (0 if result is None else len(result[0].split(b"\\u0000lifted-")) - 1) == lifted, raw[-40:]
-
-
-@pytest.mark.parametrize("separator", [",", ", ", ",\n    "])
-@pytest.mark.parametrize("flaw", [None, "ragged", "two digits", "negative", "float", "true", "deeper",
-                                  "not a digit", "rows joined by a digit", "cells joined by a digit",
-                                  "a row not opened", "a third level", "short"])
-def test_only_rectangular_one_digit_rows_are_lifted_as_a_matrix(flaw, separator):
-    rows = np.random.default_rng(9).integers(0, 10, size=(300, 200)).tolist()
-    if flaw == "ragged":
-        rows[7] = rows[7][:-1]
-    elif flaw in ("two digits", "negative", "float", "true", "deeper"):
-        rows[7][3] = {"two digits": 10, "negative": -1, "float": 0.5, "true": True, "deeper": [1]}[flaw]
-    elif flaw == "short":
-        rows = rows[:10]
-    text = json.dumps(rows, separators=(separator, ": "))
-    if flaw == "not a digit":
-        text = text[:30] + "x" + text[31:] if text[30].isdigit() else text[:31] + "x" + text[32:]
-    elif flaw == "rows joined by a digit":
-        text = text.replace("],", "]7", 1)
-    elif flaw == "cells joined by a digit":
-        text = text[:3] + text[3:].replace(",", "7", 1)
-    elif flaw == "a row not opened":
-        second = text.index("[", text.index("]"))
-        text = text[:second] + "7" + text[second + 1:]
-    elif flaw == "a third level":
-        text = "[" + text + "]"
-    raw = ('{"matrix": ' + text + ', "k": 1}').encode()
-    last = ('{"k": 1, "matrix": ' + text + '}').encode()  # nothing after it: no quote ends the stretch
-    assert (lift_bulk(last) is None) == (flaw is not None)
-    lifted = lift_bulk(raw)
-    if flaw is None:
-        body, values = lifted
-        assert body == b'{"matrix":[["\\u0000lifted-0"]],"k": 1}'
-        matrix = values.take("\x00lifted-0", np.ndarray)
-        assert matrix.dtype == np.uint8 and matrix.tolist() == rows
-    else:
-        assert lifted is None
+# --- a body is what a plain JSON parse and the wire models say ------------------------------------
 
 
 def big_compact(n: int = 400, n_tests: int = 300) -> tuple[dict, np.ndarray]:
@@ -351,47 +188,188 @@ def big_compact(n: int = 400, n_tests: int = 300) -> tuple[dict, np.ndarray]:
              "classes": [f"c{i % 9}" for i in range(n)], "matrix": encode(matrix)}, matrix)
 
 
-def test_a_lifted_compact_array_is_the_same_instance_as_its_lists():
-    payload, matrix = big_compact()
-    assert lift_bulk(orjson.dumps(payload)) is not None  # the path under test
-    client = create_app({"redis_url": None}).test_client()
-    compact = client.post("/v1/instances", data=orjson.dumps(payload), content_type="application/json")
-    lists = client.post("/v1/instances", json={**payload, "matrix": matrix.tolist()})
-    assert compact.status_code == 201 and lists.status_code == 200
-    assert compact.get_json() == lists.get_json()
+def test_a_string_that_spells_a_placeholder_is_only_that_string():
+    """A ≥ 64 KiB valid base64 string as a class label and, as ``matrix.data``, an escaped
+    spelling of ``"\x00lifted-0"``: as JSON, a label over 200 characters and data that is not
+    base64 — refused, nothing stored."""
+    payload, _ = big_compact()
+    data = payload["matrix"]["data"]
+    assert len(data) >= 1 << 16
+    raw = orjson.dumps({**payload, "classes": [data, *payload["classes"][1:]],
+                        "matrix": {**payload["matrix"], "data": "X"}})
+    raw = raw.replace(b'"data":"X"', rb'"data":"\u0000\u006cifted-0"')
+    assert orjson.loads(raw)["matrix"]["data"] == "\x00lifted-0"
+    app = create_app({"redis_url": None})
+    response = app.test_client().post("/v1/instances", data=raw, content_type="application/json")
+    problem = assert_problem(response, 422, "validation-error")
+    assert "classes[0]" in [e["path"] for e in problem["errors"]]
+    assert not app.extensions["edgecut"].store._instances
 
 
 @pytest.mark.parametrize("case", ["long label", "long key", "repeated key", "control character",
-                                  "wrong length", "inline placeholder"])
-def test_a_body_the_lifted_strings_do_not_explain_is_judged_whole(case):
+                                  "wrong length", "placeholder-like label"])
+def test_a_big_compact_body_is_judged_as_json(case):
     payload, _ = big_compact()
     data = payload["matrix"]["data"]
     raw = orjson.dumps(payload)
-    expected = {"long label": (422, "classes[0]"), "long key": (422, "x" * LONG),
+    long = "x" * (1 << 16)
+    expected = {"long label": (422, "classes[0]"), "long key": (422, long),
                 "repeated key": (422, "matrix.dtype"), "control character": (400, None),
-                "wrong length": (422, "matrix.data"), "inline placeholder": (201, None)}[case]
+                "wrong length": (422, "matrix.data"), "placeholder-like label": (201, None)}[case]
     if case == "long label":
-        raw = orjson.dumps({**payload, "classes": ["x" * LONG, *payload["classes"][1:]]})
+        raw = orjson.dumps({**payload, "classes": [long, *payload["classes"][1:]]})
     elif case == "long key":
-        raw = orjson.dumps({**payload, "x" * LONG: 1})
+        raw = orjson.dumps({**payload, long: 1})
     elif case == "repeated key":
         raw = raw.replace(b'"dtype":"uint8"', b'"dtype":"uint8","dtype":"uint16"')
     elif case == "control character":
         raw = raw.replace(data[:10].encode(), data[:5].encode() + b"\x01" + data[6:10].encode(), 1)
     elif case == "wrong length":
         raw = raw.replace(data.encode(), data[:-4].encode())
-    else:  # the placeholder's text as a label: nothing is lifted, and it is only a label
+    else:
         raw = orjson.dumps({**payload, "classes": ["\x00lifted-0", *payload["classes"][1:]]})
     app = create_app({"redis_url": None})
     response = app.test_client().post("/v1/instances", data=raw, content_type="application/json")
     status, path = expected
     if status == 201:
         assert response.status_code == 201
+        stored = app.extensions["edgecut"].store.get_instance(response.get_json()["instance_id"])
+        assert "\x00lifted-0" in stored.class_labels
         return
     problem = assert_problem(response, status, "validation-error" if status == 422 else "malformed-json")
     if path is not None:
         assert any(e["path"].startswith(path) or path.startswith(e["path"]) for e in problem["errors"]), problem
     assert not app.extensions["edgecut"].store._instances
+
+
+# --- the binary body: multipart/form-data, the instance as JSON and its array as .npy -------------
+
+
+def npy(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array, allow_pickle=array.dtype.hasobject)
+    return out.getvalue()
+
+
+def multipart(parts: dict[str, bytes], boundary: str = "edgecut-test-boundary") -> tuple[bytes, str]:
+    body = b"".join(b"--%s\r\nContent-Disposition: form-data; name=\"%s\"; filename=\"%s\"\r\n"
+                    b"Content-Type: application/octet-stream\r\n\r\n%s\r\n"
+                    % (boundary.encode(), name.encode(), name.encode(), data) for name, data in parts.items())
+    return body + b"--%s--\r\n" % boundary.encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def post_binary(client, document: dict, arrays: dict[str, np.ndarray | bytes], **headers):
+    parts = {"instance": orjson.dumps(document),
+             **{name: npy(a) if isinstance(a, np.ndarray) else a for name, a in arrays.items()}}
+    body, content_type = multipart(parts)
+    if headers.get("Content-Encoding") == "gzip":
+        body = gzip.compress(body)
+    return client.post("/v1/instances", data=body, headers={"Content-Type": content_type, **headers})
+
+
+@pytest.mark.parametrize("kind", ["deterministic", "likelihood"])
+def test_every_array_sent_as_npy_is_the_instance_its_lists_are(kind):
+    rng = random.Random(12)
+    for _ in range(10):
+        model = ref.random_model(rng, kind)
+        lists = columnar(model, None)
+        field = "matrix" if kind == "deterministic" else "likelihood_matrix"
+        array = np.array(lists.pop(field))
+        app = create_app({"redis_url": None})
+        client = app.test_client()
+        want = client.post("/v1/instances", json={**lists, field: array.tolist()})
+        assert want.status_code == 201
+        for dtype in DTYPES[kind]:
+            if kind == "likelihood" and dtype == "float32":
+                continue  # other numbers than the lists'
+            for variant in (array.astype(dtype), np.asfortranarray(array.astype(dtype)),
+                            array.astype(np.dtype(dtype).newbyteorder(">"))):
+                got = post_binary(client, lists, {field: variant})
+                assert got.status_code == 200, got.get_json()  # the same content: already stored
+                assert got.get_json() == want.get_json()
+        gzipped = post_binary(client, lists, {field: array.astype(DTYPES[kind][0])}, **{"Content-Encoding": "gzip"})
+        assert gzipped.get_json() == want.get_json()
+
+
+def test_a_binary_body_stores_what_the_compact_form_stores():
+    payload, matrix = big_compact()
+    app = create_app({"redis_url": None})
+    client = app.test_client()
+    compact = client.post("/v1/instances", json=payload)
+    binary = post_binary(client, {k: v for k, v in payload.items() if k != "matrix"}, {"matrix": matrix})
+    assert compact.status_code == 201 and binary.status_code == 200
+    assert binary.get_json() == compact.get_json()
+
+
+TINY = {"tests": TESTS, "classes": ["x", "y", "y"]}
+
+
+BINARY_REFUSED = {
+    "not a .npy file": ({"matrix": b"PK\x03\x04 a zip, say"}, TINY, 422, "matrix"),
+    "data shorter than its shape": ({"matrix": npy(GOOD)[:-1]}, TINY, 422, "matrix"),
+    "data longer than its shape": ({"matrix": npy(GOOD) + b"\x00"}, TINY, 422, "matrix"),
+    "a pickled object array": ({"matrix": npy(np.array([[0, 1], [1, 0], [1, 1]], dtype=object))}, TINY, 422,
+                               "matrix"),
+    "a structured dtype": ({"matrix": npy(np.zeros((3, 2), dtype=[("a", "u1")]))}, TINY, 422, "matrix"),
+    "an int64 matrix": ({"matrix": npy(GOOD.astype(np.int64))}, TINY, 422, "matrix.dtype"),
+    "float outcome indices": ({"matrix": npy(GOOD.astype(np.float32))}, TINY, 422, "matrix.dtype"),
+    "a column per test": ({"matrix": npy(GOOD[:, :1])}, TINY, 422, "matrix.shape"),
+    "an index past the test's outcomes": ({"matrix": npy(np.array([[0, 1], [2, 0], [1, 1]], dtype=np.uint8))},
+                                          TINY, 422, "matrix[1][0]"),
+    "the matrix given twice": ({"matrix": npy(GOOD)}, {**TINY, "matrix": GOOD.tolist()}, 422, "matrix"),
+    "a part of no field": ({"matrix": npy(GOOD), "classes": npy(GOOD)}, TINY, 422, "classes"),
+    "no instance part": ({"matrix": npy(GOOD)}, None, 422, "instance"),
+    "an instance that is not an object": ({"matrix": npy(GOOD)}, [1, 2], 422, "instance"),
+    "an instance that is not JSON": ({"matrix": npy(GOOD)}, b"{nope", 400, None),
+}
+
+
+@pytest.mark.parametrize("case", BINARY_REFUSED)
+def test_a_malformed_binary_body_is_refused_at_its_part_and_stores_nothing(case):
+    arrays, document, status, path = BINARY_REFUSED[case]
+    parts = {} if document is None else {
+        "instance": document if isinstance(document, bytes) else orjson.dumps(document)}
+    body, content_type = multipart({**parts, **arrays})
+    app = create_app({"redis_url": None})
+    response = app.test_client().post("/v1/instances", data=body, headers={"Content-Type": content_type})
+    problem = assert_problem(response, status, "validation-error" if status == 422 else "malformed-json")
+    if path is not None:
+        assert path in [e["path"] for e in problem["errors"]], problem["errors"]
+    assert not app.extensions["edgecut"].store._instances
+
+
+def test_a_npy_header_promising_a_huge_array_is_refused_before_allocating_it():
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, {"descr": "<f8", "fortran_order": False,
+                                               "shape": (10**6, 10**6)})
+    body, content_type = multipart({"instance": orjson.dumps(TINY), "matrix": out.getvalue() + b"\x00" * 64})
+    client = create_app({"redis_url": None}).test_client()
+    tracemalloc.start()
+    try:
+        response = client.post("/v1/instances", data=body, headers={"Content-Type": content_type})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert_problem(response, 422, "validation-error")
+    assert peak < 10 * 1024 * 1024
+
+
+@pytest.mark.parametrize("body", [b"--edgecut-test-boundary\r\nContent-Disposition: form-data; name=\"instance\""
+                                  b"\r\n\r\n{}",  # never closed
+                                  b"no boundary anywhere"])
+def test_broken_multipart_framing_is_400(body):
+    client = create_app({"redis_url": None}).test_client()
+    response = client.post("/v1/instances", data=body,
+                           headers={"Content-Type": "multipart/form-data; boundary=edgecut-test-boundary"})
+    assert_problem(response, 400, "bad-request")
+
+
+@pytest.mark.parametrize("path", ["/v1/sessions", "/v1/select"])
+def test_only_an_instance_may_come_as_a_binary_body(path):
+    body, content_type = multipart({"instance": orjson.dumps(TINY), "matrix": npy(GOOD)})
+    client = create_app({"redis_url": None}).test_client()
+    response = client.post(path, data=body, headers={"Content-Type": content_type})
+    assert_problem(response, 415, "unsupported-media-type")
 
 
 # --- the worker's unreader: a buffered body read in steps without copying the rest each time ------

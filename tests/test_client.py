@@ -192,6 +192,47 @@ def test_rate_limits_are_waited_out_or_raised_with_their_wait():
         server.stop()
 
 
+class Recording(HTTPAdapter):
+    """Sends each request to the real server and keeps its media type and body."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent: list[tuple[str, bytes]] = []
+
+    def send(self, request, *args, **kwargs):
+        self.sent.append((request.headers.get("Content-Type", ""), request.body or b""))
+        return super().send(request, *args, **kwargs)
+
+
+@pytest.mark.parametrize("field, dtype", [("matrix", "uint8"), ("matrix", "int32"), ("likelihood_matrix", "float64")])
+def test_a_numpy_array_goes_as_npy_and_makes_the_instance_its_lists_make(served, field, dtype):
+    import numpy as np
+
+    from schemas.instance import Instance
+
+    rng = np.random.default_rng(3)
+    n, n_tests = 60, 7
+    if field == "matrix":
+        array = rng.integers(0, 3, size=(n, n_tests)).astype(dtype)
+    else:
+        array = rng.dirichlet(np.ones(3), size=(n, n_tests)).astype(dtype)
+    document = {"tests": [{"id": f"q{j}", "outcomes": ["a", "b", "c"]} for j in range(n_tests)],
+                "classes": [f"c{i % 4}" for i in range(n)]}
+    http = requests.Session()
+    recording = Recording()
+    http.mount("http://", recording)
+    with Client(served.url, http=http) as client:
+        from_lists = client.create_instance({**document, field: array.tolist()})
+        from_array = client.create_instance({**document, field: array})
+        from_model = client.create_instance(Instance.model_validate({**document, field: array}))
+    assert from_array == from_lists == from_model
+    (lists_type, lists_body), (array_type, array_body), (model_type, _) = recording.sent
+    assert lists_type == "application/json"
+    assert array_type.startswith("multipart/form-data; boundary=")
+    assert model_type.startswith("multipart/form-data; boundary=")
+    assert array.tobytes() in array_body and b"[[" not in array_body  # the array's own bytes, no lists
+
+
 class LoseAnswers(HTTPAdapter):
     """Sends each request to the real server, then drops the first ``n`` answers as a broken
     connection would: the service acted, the client never heard."""

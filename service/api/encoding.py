@@ -5,8 +5,8 @@ routed through the same encoder by :class:`OrjsonProvider`). Requests: :func:`pa
 checks the media type, inflates a ``Content-Encoding: gzip`` body (never past
 ``MAX_BODY_BYTES``), decodes strictly (orjson refuses NaN, Infinity and invalid UTF-8) and
 validates against the wire model, raising the errors service/api/problems.py maps to 413, 415,
-400 and 422. A big array (the compact form's base64, or one-digit nested lists) is lifted out of
-the body before it is parsed (service/api/bulk.py).
+400 and 422. An instance may also come as a binary body (service/api/multipart.py): its JSON
+part is read as a JSON body is, its array part becomes the numpy array of its field.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from werkzeug.wsgi import get_content_length
 
-from schemas.arrays import Lifted
 from schemas.instance import json_path
 from service.errors import ServiceError
 from service.settings import Settings
 
-from .bulk import lift_bulk
 from .context import services
+from .errors import BodyTooLarge, MalformedJson, RequestValidationFailed, UnreadableBody, UnsupportedMediaType
 from .limits import check_depth, check_request
+from .multipart import instance_parts
 
 try:  # what gunicorn's body reader raises on bad chunked framing
     from gunicorn.http.errors import ParseException as _GunicornParseError
@@ -40,28 +40,7 @@ except ImportError:  # another WSGI server
 
 Model = TypeVar("Model", bound=BaseModel)
 JSON_MEDIA_TYPE = "application/json"
-
-
-class UnsupportedMediaType(ServiceError):
-    code = "unsupported-media-type"
-
-
-class MalformedJson(ServiceError):
-    code = "malformed-json"
-
-
-class UnreadableBody(ServiceError):
-    """The server could not read the body as framed (a malformed chunk, a client gone quiet)."""
-
-    code = "bad-request"
-
-
-class BodyTooLarge(ServiceError):
-    code = "body-too-large"
-
-
-class RequestValidationFailed(ServiceError):
-    code = "validation-error"
+MULTIPART_MEDIA_TYPE = "multipart/form-data"
 
 
 def _default(value: Any) -> Any:
@@ -140,35 +119,46 @@ def _read_body(served: Request, limit: int) -> bytes:
     return _inflated(served, raw, limit)
 
 
-def parse_body(model: type[Model]) -> Model:
+def parse_body(model: type[Model], array_parts: tuple[str, ...] = ()) -> Model:
+    """The request body as ``model``. ``array_parts``: the top-level array fields a
+    ``multipart/form-data`` body may carry as ``.npy`` parts (none: JSON only)."""
     served = request._get_current_object()  # through the proxies once each
     settings = services().settings
     # The exact common value spares werkzeug's parse of the header (parameters, case).
-    if served.environ.get("CONTENT_TYPE") != JSON_MEDIA_TYPE and not _is_json(served.mimetype):
+    if served.environ.get("CONTENT_TYPE") == JSON_MEDIA_TYPE or _is_json(served.mimetype):
+        return _validated(_loaded(_read_body(served, settings.max_body_bytes), settings), model, settings)
+    boundary = served.mimetype_params.get("boundary") if served.mimetype == MULTIPART_MEDIA_TYPE else None
+    if not array_parts or not boundary:
         shown = served.mimetype or "none"
-        raise UnsupportedMediaType(f"send the body as {JSON_MEDIA_TYPE} (Content-Type was {shown})")
-    raw = _read_body(served, settings.max_body_bytes)
-    lifted = lift_bulk(raw)  # a big array's base64 or digits, kept out of the parser
-    if lifted is not None:
-        body, values = lifted
-        try:
-            parsed = _parsed(body, model, settings, {Lifted.CONTEXT_KEY: values})
-        except ServiceError:
-            parsed = None  # refused: the whole body, parsed as it came, says why (below)
-        if parsed is not None and values.all_taken:
-            return parsed
-    return _parsed(raw, model, settings)
+        accepted = JSON_MEDIA_TYPE + (f" or {MULTIPART_MEDIA_TYPE} (with a boundary)" if array_parts else "")
+        raise UnsupportedMediaType(f"send the body as {accepted} (Content-Type was {shown})")
+    document, arrays = instance_parts(_read_body(served, settings.max_body_bytes), boundary, array_parts)
+    data = _loaded(document, settings)
+    if not isinstance(data, dict):
+        raise RequestValidationFailed("the request body has 1 problem(s)", [
+            {"path": "instance", "message": "the instance part must be a JSON object"}])
+    given_twice = [name for name in arrays if name in data]
+    if given_twice:
+        raise RequestValidationFailed(f"the request body has {len(given_twice)} problem(s)", [
+            {"path": name, "message": "given both in the instance part and as a part of its own"}
+            for name in given_twice])
+    return _validated({**data, **arrays}, model, settings)
 
 
-def _parsed(raw: bytes, model: type[Model], settings: Settings, context: dict[str, Any] | None = None) -> Model:
+def _loaded(raw: bytes, settings: Settings) -> Any:
+    """``raw`` parsed as JSON, within the depth limit, with no object repeating a key."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
         raise MalformedJson(f"the body is not valid JSON: {error}") from None
     check_depth(raw, settings.max_json_depth)  # before the wire model walks it (service/api/limits.py)
     refuse_duplicate_keys(raw, data)
+    return data
+
+
+def _validated(data: Any, model: type[Model], settings: Settings) -> Model:
     try:
-        parsed = model.model_validate(data, context=context)
+        parsed = model.model_validate(data)
     except ValidationError as error:
         errors = validation_errors(error)
         raise RequestValidationFailed(f"the request body has {len(errors)} problem(s)", errors) from None

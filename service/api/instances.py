@@ -24,7 +24,9 @@ bp = Blueprint("instances", __name__, url_prefix="/v1/instances")
                       "201": json_body(ref("InstanceSummary"), "Stored", {"Location": HEADER["Location"]}),
                       **problems(400, 413, 415, 422, 500, 503)})
 def create() -> Response:
-    summary, created = sessions().register_instance(parse_body(Instance), tenant())
+    # A big instance may come as a binary body: the JSON, and its array as a .npy part.
+    instance = parse_body(Instance, array_parts=("matrix", "likelihood_matrix"))
+    summary, created = sessions().register_instance(instance, tenant())
     location = url_for(".show", instance_id=summary.instance_id)
     return json_response(summary, 201 if created else 200, headers={"Location": location})
 

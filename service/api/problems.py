@@ -74,7 +74,8 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "uri-too-long": (414, "Request line too long", "a request line over 4 094 bytes (e.g. an id of thousands of "
                                                    "characters)"),
     "unsupported-media-type": (415, "Unsupported media type",
-                               "the body is not `application/json` (or `application/*+json`)"),
+                               "the body is not `application/json` (or `application/*+json`; `POST /v1/instances` "
+                               "also takes `multipart/form-data`)"),
     "expectation-failed": (417, "Expectation failed", "an `Expect` header other than `100-continue`"),
     "limit-exceeded": (413, "Over a service limit", "over a `MAX_*` limit, named in `detail`"),
     "rate-limited": (429, "Too many requests",
