@@ -17,8 +17,10 @@ bp = Blueprint("instances", __name__, url_prefix="/v1/instances")
 
 @bp.post("")
 @operation("postInstance", "instances", "Validate, compile and store an instance under its content hash",
-           body=request_body("Instance", "An instance, per-hypothesis or columnar (docs/instances.md)",
-                             TRIAGE_EXAMPLE),
+           body=request_body("Instance", "An instance, per-hypothesis or columnar (docs/instances.md); a big "
+                             "columnar one may instead come as multipart/form-data, the instance as JSON in the "
+                             "part `instance` and its `matrix` or `likelihood_matrix` as a .npy part "
+                             "(docs/instances.md, *The binary body*)", TRIAGE_EXAMPLE),
            responses={"200": json_body(ref("InstanceSummary"), "Already stored: the same content has the same id",
                                        {"Location": HEADER["Location"]}),
                       "201": json_body(ref("InstanceSummary"), "Stored", {"Location": HEADER["Location"]}),
