@@ -4,9 +4,11 @@ live ``edgecut serve``; a block that cannot run says why in a marker on the line
     <!-- not run: installs the package (tests/test_cli_install.py runs this install) -->
 
 What a run checks: every command of a shell block succeeds (``set -euo pipefail``, and ``curl``
-fails on any HTTP error status), every Python block runs without an exception, and a Python
-``print(...)`` line that ends in a comment prints exactly that comment. The ``# →`` lines after
-shell commands show what to expect and are not compared. Shell blocks of one page share their
+fails on any HTTP error status); what the ``# →`` comments of a shell block show — each
+``"field": value`` with a plain value, each ``ETag`` — appears in what the block printed (the
+comments abbreviate answers, so fields are checked one by one, not whole bodies); every Python
+block runs without an exception, and a Python ``print(...)`` line that ends in a comment prints
+exactly that comment. Shell blocks of one page share their
 variables and functions (a later block uses the ids an earlier one captured); Python blocks of
 one page share one namespace. They run in a scratch directory holding a link to ``examples/``,
 with ``localhost:8000`` and ``127.0.0.1:8000`` pointed at the test's server.
@@ -31,6 +33,10 @@ RUN = {"sh": "sh", "bash": "sh", "shell": "sh", "python": "python", "py": "pytho
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 NOT_RUN = re.compile(r"<!-- not run: (\S.*?) -->\s*$")
 DEFAULT_ADDRESS = re.compile(r"(?:localhost|127\.0\.0\.1):8000")
+# In a "# →" comment: a field with a plain JSON value (placeholders such as "<sid>" or "a7…" are
+# not plain), and an ETag.
+SHOWN_FIELD = re.compile(r'"(\w+)": ("[^"<…]*"|true|false|null|-?\d+(?:\.\d+)?)(?=[,}\]\s])')
+SHOWN_ETAG = re.compile(r'ETag: ("\d+")')
 
 
 @dataclass
@@ -67,6 +73,14 @@ def page_id(page: Path) -> str:
     return page.relative_to(ROOT).as_posix()
 
 
+def test_comments_are_read_field_by_field():
+    fields, etags = shown_in_comments('curl x  # → {"done": true, "id": "<sid>", "n": 3}\n'
+                                      '#    "history": [{"test": "ecg", "cost": 2.0}]}\nnext\n# unrelated: "x": 1\n'
+                                      'curl y\n# → ETag: "3"  {"map_class": "home", ...}')
+    assert fields == ['"done":true', '"n":3', '"test":"ecg"', '"cost":2.0', '"map_class":"home"']
+    assert etags == ['etag: "3"']
+
+
 def test_the_runner_sees_the_pages_blocks():
     every = [block for page in PAGES for block in blocks(page)]
     assert sum(b.language == "sh" for b in every) >= 10 and sum(b.language == "python" for b in every) >= 2
@@ -78,6 +92,24 @@ def test_the_runner_sees_the_pages_blocks():
 def scratch(tmp_path):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     return tmp_path
+
+
+def shown_in_comments(code: str) -> tuple[list[str], list[str]]:
+    """The fields and ETags a shell block's "# →" comments (and the comment lines continuing
+    them) say its commands print."""
+    comments, inside = [], False
+    for line in code.splitlines():
+        stripped = line.strip()
+        if "# →" in stripped:
+            comments.append(stripped.split("# →", 1)[1])
+            inside = True
+        elif inside and stripped.startswith("#"):
+            comments.append(stripped.lstrip("#"))
+        else:
+            inside = False
+    text = " ".join(comments) + " "
+    return ([f'"{key}":{value}' for key, value in SHOWN_FIELD.findall(text)],
+            [f"etag: {tag}" for tag in SHOWN_ETAG.findall(text)])
 
 
 def _assigned_names(code: str) -> tuple[set[str], set[str]]:
@@ -109,6 +141,12 @@ def test_shell_blocks_run(page, served, scratch):
         result = subprocess.run(["bash", "-c", script], cwd=scratch, env=env, capture_output=True,
                                 text=True, timeout=300)
         assert result.returncode == 0, f"{block} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        fields, etags = shown_in_comments(block.code)
+        printed = re.sub(r'(?<=[:,])\s+', "", result.stdout)  # JSON as orjson writes it, without spaces
+        for field in fields:
+            assert field in printed, f"{block}: the page shows {field}, the commands printed:\n{result.stdout[-3000:]}"
+        for etag in etags:
+            assert etag in result.stdout.lower(), f"{block}: the page shows {etag}, the commands printed other headers"
 
 
 def _expected_prints(code: str) -> list[str | None]:
