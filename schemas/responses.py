@@ -64,7 +64,8 @@ class DecisionOut(_Response):
 
     id: str
     probability: float
-    expected_loss: float | None = None  # only when the instance gives losses
+    # Only when the instance gives losses (left out of the JSON otherwise).
+    expected_loss: float | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class Candidate(_Response):
@@ -91,12 +92,13 @@ class StepState(_Response):
     map_class: str
     # |V(x_A)| for deterministic instances; null for likelihood instances.
     version_space_size: int | None
-    # Decision instances only (null otherwise): the decision, and P(acceptable) per decision,
-    # most probable first.
-    decision: DecisionOut | None = None
-    decision_posterior: dict[str, float] | None = None
-    # Only with ?explain=true: the best-scoring eligible tests, best first.
-    candidates: list[Candidate] | None = None
+    # Decision instances only (left out of the JSON otherwise): the decision, and P(acceptable)
+    # per decision, most probable first.
+    decision: DecisionOut | None = Field(default=None, exclude_if=lambda value: value is None)
+    decision_posterior: dict[str, float] | None = Field(default=None, exclude_if=lambda value: value is None)
+    # Only with ?explain=true (left out of the JSON otherwise): the best-scoring eligible tests,
+    # best first.
+    candidates: list[Candidate] | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class _SessionIdentity(_Response):

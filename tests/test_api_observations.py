@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
+import orjson
 import pytest
 
 from api_support import NOISY, QUAD, TRIAGE, Delegating, assert_problem, new_session, observe, stored
@@ -247,36 +248,53 @@ LOSSES = {
 }
 
 
-@pytest.mark.parametrize("instance", [TRIAGE, QUAD, NOISY, DECISIONS, LOSSES],
-                         ids=["triage", "quad", "noisy", "decisions", "losses"])
-def test_every_session_body_is_exactly_its_wire_model(client, instance):
-    # Bodies are built as plain data for orjson: they must be what the wire models say, field for
-    # field, with the optional extras left out (not null) when absent, as body_of writes models.
-    def check(body: dict, model) -> None:
-        dumped = model.model_validate(body).model_dump()
-        for optional in ("candidates", "decision", "decision_posterior"):
-            if optional not in body:
-                assert dumped.pop(optional) is None
-        if "decision" in body and "expected_loss" not in body["decision"]:
-            assert dumped["decision"].pop("expected_loss") is None
-        assert dumped == body
+def _assert_model_bytes(response, model) -> dict:
+    """The body is byte for byte what the wire model serialises from it (its members, their
+    order, the optional ones left out when absent, the numbers as pydantic writes them)."""
+    assert response.status_code in (200, 201), response.get_data(as_text=True)
+    raw = response.get_data()
+    assert model.model_validate_json(raw).model_dump_json().encode() == raw
+    return orjson.loads(raw)
 
-    created = new_session(client, instance, max_tests=5)
-    check(created, SessionState)
+
+@pytest.mark.parametrize("instance", [TRIAGE, QUAD, NOISY, DECISIONS, LOSSES],
+                         ids=["deterministic", "deterministic-3", "likelihood", "decision", "decision-losses"])
+@pytest.mark.parametrize("explain", ["", "?explain=true"], ids=["plain", "explain"])
+def test_every_session_body_is_byte_for_byte_its_wire_model(client, instance, explain):
+    created = _assert_model_bytes(client.post(f"/v1/sessions{explain}", json={"instance": instance, "max_tests": 5}),
+                                  SessionState)
     assert ("decision" in created) == (instance in (DECISIONS, LOSSES))
     assert ("expected_loss" in created.get("decision", {})) == (instance is LOSSES)
-    sid = created["session_id"]
-    test = created["next_test"]["id"]
+    assert ("candidates" in created) == bool(explain)
+    sid, test = created["session_id"], created["next_test"]["id"]
     outcome = created["next_test"]["outcomes"][0]
-    observed = observe(client, sid, {"test": test, "outcome": outcome}).get_json()
-    check(observed, SessionState)
-    shown = client.get(f"/v1/sessions/{sid}?explain=true").get_json()
-    check(shown, SessionState)
-    assert "candidates" in shown and "candidates" not in observed
-    selected = client.post("/v1/select", json={"instance": instance, "observations": [
-        {"test": test, "outcome": outcome}], "max_tests": 5}).get_json()
-    check(selected, StepState)
+    observed = _assert_model_bytes(client.post(f"/v1/sessions/{sid}/observations{explain}",
+                                               json={"test": test, "outcome": outcome}), SessionState)
+    _assert_model_bytes(client.get(f"/v1/sessions/{sid}{explain}"), SessionState)
+    selected = _assert_model_bytes(client.post(f"/v1/select{explain}", json={
+        "instance": instance, "observations": [{"test": test, "outcome": outcome}], "max_tests": 5}), StepState)
     assert selected == {k: v for k, v in observed.items() if k not in ("session_id", "expires_at")}
+    # Corrected to a skip (charged or not, the history says so), then withdrawn.
+    skipped = _assert_model_bytes(client.put(f"/v1/sessions/{sid}/observations/{test}{explain}",
+                                             json={"skip": True}), SessionState)
+    assert skipped["history"][0]["skipped"] is True and "outcome" not in skipped["history"][0]
+    _assert_model_bytes(client.delete(f"/v1/sessions/{sid}/observations/{test}{explain}"), SessionState)
+
+
+@pytest.mark.parametrize("explain", ["", "?explain=true"], ids=["plain", "explain"])
+def test_pages_skips_and_stopped_sessions_are_byte_for_byte_their_wire_models(client, explain):
+    state = _assert_model_bytes(client.post(f"/v1/sessions{explain}", json={
+        "instance": {**QUAD, "skip_cost": "charged"}, "batch_size": 3}), SessionState)
+    assert len(state["next_tests"]) == 2
+    sid = state["session_id"]
+    state = _assert_model_bytes(observe(client, sid, {"observations": [{"test": "a", "skip": True}]}), SessionState)
+    assert state["history"] == [{"test": "a", "skipped": True, "cost": 1.0}]
+    state = _assert_model_bytes(client.post(f"/v1/sessions/{sid}/observations{explain}", json={
+        "observations": [{"test": "b", "outcome": "0"}, {"test": "c", "outcome": "0"}]}), SessionState)
+    assert state["done"] and state["next_test"] is None and state["next_tests"] == []
+    _assert_model_bytes(client.post(f"/v1/select{explain}", json={"instance": QUAD, "batch_size": 2,
+                                                                  "observations": [{"test": "c", "skip": True}]}),
+                        StepState)
 
 
 def test_sessions_differing_only_in_their_seed_share_steps_unless_the_policy_draws(client, monkeypatch):
@@ -321,9 +339,7 @@ def test_a_belief_over_an_eighth_of_the_step_cache_is_not_kept_but_its_step_is()
 
 
 @pytest.mark.parametrize("skip_cost", [None, "charged"])
-def test_a_step_writes_the_history_of_the_step_before_it_once_and_the_same_bytes_as_from_scratch(skip_cost):
-    import orjson
-
+def test_a_steps_history_lists_every_observation_with_its_cost(skip_cost):
     wire = {"tests": [{"id": "a", "outcomes": ["0", "1"], "cost": 1.5},
                       {"id": "b", "outcomes": ["0", "1"], "repeatable": True, "cost": 0.25},
                       {"id": "c", "outcomes": ["0", "1", "2"], "cost": 2.0}, {"id": "d", "outcomes": ["0", "1"]}],
@@ -341,22 +357,16 @@ def test_a_step_writes_the_history_of_the_step_before_it_once_and_the_same_bytes
     policy = engine.resolve_policy(inst, "effecxtive")
     labelled = [("b", "1"), ("c", None), ("b", "0"), ("a", "1"), ("b", "1"), ("d", None)]
     observations = engine.parse_observations(inst, labelled)
-    previous, expected = None, []
+    belief, expected = None, []
     for j in range(len(observations) + 1):
-        belief = engine.observe(inst, observations[:j], None if previous is None else previous[1])
-        decision = engine.decide(belief, policy)
-        step = step_of(inst, "effecxtive", decision, previous)
-        assert step.fields == step_of(inst, "effecxtive", decision).fields
+        belief = engine.observe(inst, observations[:j], belief)  # carried forward, as sessions do
+        step = step_of(inst, "effecxtive", engine.decide(belief, policy))
         if j:
             test, outcome = labelled[j - 1]
             cost = {"a": 1.5, "b": 0.25, "c": 2.0, "d": 1.0}[test]
             expected.append({"test": test, "outcome": outcome, "cost": cost} if outcome is not None
                             else {"test": test, "skipped": True, "cost": cost if skip_cost else 0.0})
-        state = orjson.loads(b"{" + step.fields + b"}")
-        assert state["history"] == expected
-        start, end = step.history
-        assert orjson.loads(step.fields[start:end]) == expected
-        previous = (step, belief)
+        assert orjson.loads(step.json)["history"] == expected
 
 
 def test_a_step_keys_bytes_bound_its_labels_and_observations_from_above():

@@ -420,8 +420,6 @@ def test_deleting_an_instance_leaves_other_tenants_alone(app_config):
 
 
 def test_bodies_with_skips_and_pages_are_exactly_their_wire_models(client):
-    # Session and step bodies are built as plain data: skip entries and pages must be what the
-    # wire models say, field for field.
     from schemas.api import SessionState, StepState
 
     state = new_session(client, {**QUAD, "skip_cost": "charged"}, batch_size=3)

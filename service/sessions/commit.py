@@ -18,7 +18,7 @@ from service.store import SessionRecord, SessionStore, VersionConflict
 
 from .records import instance_of_session, session_record
 from .state import SessionResult, Step, session_json
-from .steps import Labelled, Observed, Steps, session_key
+from .steps import Labelled, Steps, session_key
 
 # Compare-and-set attempts before answering 409 concurrent-update.
 CAS_ATTEMPTS = 5
@@ -29,7 +29,7 @@ class Change(NamedTuple):
 
     observations: Labelled  # all of them, in order
     applied: int = 0  # how many are new (counted in OBSERVATIONS_APPLIED)
-    observed: Observed | None = None  # the belief after them, when the operation has it
+    belief: engine.Belief | None = None  # the belief after them, when the operation has it
 
 
 class Operation(Protocol):
@@ -98,7 +98,7 @@ class Writer:
         this worker remembered that another has moved on from) costs no step."""
         key = session_key(record, compiled, change.observations)
         step = self.steps.get(key)  # computed already: they are consistent
-        observed = None if step is not None else change.observed or self.steps.observe(compiled, key)
+        belief = None if step is not None else change.belief or self.steps.observe(compiled, key)
         updated = record.with_observations(change.observations, expires_at=self.clock() + self.session_ttl)
         try:
             self.store.update_session(updated, expected_version=record.version)
@@ -107,5 +107,5 @@ class Writer:
         if change.applied:
             OBSERVATIONS_APPLIED.inc(change.applied)
         if step is None:
-            step = self.steps.compute(compiled, key, observed)
+            step = self.steps.compute(compiled, key, belief)
         return SessionResult(self.state(updated, compiled, explain, step), updated.version)

@@ -48,8 +48,8 @@ class Observe:
         room = self.max_observations - len(record.observations)
         if len(fresh) > room:
             self.refuse_past(room, fresh)
-        observed = walk(self.steps, record, compiled, fresh, self.deadline)
-        return Change((*record.observations, *fresh), len(fresh), observed)
+        belief = walk(self.steps, record, compiled, fresh, self.deadline)
+        return Change((*record.observations, *fresh), len(fresh), belief)
 
     def refuse_past(self, room: int, fresh: Labelled) -> None:
         """Refuse the request, naming the first posted observation past the session's room."""

@@ -19,7 +19,7 @@ from service import engine
 from service.errors import SessionDone
 from service.store import SessionRecord
 
-from .steps import Labelled, Observed, StepKey, Steps, decide, session_key
+from .steps import Labelled, StepKey, Steps, decide, session_key
 
 
 class SessionWorkLimit(engine.InfeasibleComputation):
@@ -45,7 +45,7 @@ class Deadline:
 
 
 def walk(steps: Steps, record: SessionRecord, compiled: engine.CompiledInstance, fresh: Labelled,
-         deadline: Deadline) -> Observed:
+         deadline: Deadline) -> engine.Belief:
     """The belief after ``fresh`` follows the record's observations, each checked in turn: the
     session must not have stopped before it (SessionDone), and no observation may leave no
     hypothesis alive (InconsistentObservation). Nothing is cached but the state before the first."""
@@ -68,7 +68,7 @@ def walk(steps: Steps, record: SessionRecord, compiled: engine.CompiledInstance,
         if done and test not in last_page(steps, record, compiled, key, start + j, dict(window)):
             raise SessionDone(f"the session stopped ({stop_reason}) before '{test}' was observed; start a new "
                               "session to go on")
-    return Observed(engine.observe(compiled, parsed, belief), (first_step, first_belief))
+    return engine.observe(compiled, parsed, belief)
 
 
 def last_page(steps: Steps, record: SessionRecord, compiled: engine.CompiledInstance, key: StepKey, count: int,

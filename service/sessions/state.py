@@ -1,20 +1,34 @@
 """A step's and a session's wire state, as JSON: what every response showing them carries.
 
-The wire models of schemas/api.py (``SessionState``, ``StepState``) define the JSON; building
-and dumping a pydantic model per response cost ~15% of an observation's CPU, so a step is dumped
-once, when it is computed (:class:`Step`), and every response showing it splices those bytes.
+The wire models of schemas/responses.py (``StepState``, ``SessionState``) define the JSON: a step
+is built as a ``StepState`` once, when it is computed, and its JSON is pydantic's serialisation
+of that model (:class:`Step`). A response showing it wraps those bytes in the session's own two
+members (``SessionState`` is ``session_id``, the step's members, ``expires_at``, in that order)
+or appends the candidates (``StepState``'s last member) when asked for; tests prove every kind of
+body byte-equal to the model's own ``model_dump_json``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import orjson
+from pydantic import TypeAdapter
 
-from schemas.api import InstanceListItem, InstanceSummary
+from schemas.responses import (
+    Candidate,
+    DecisionOut,
+    HistoryEntry,
+    InstanceListItem,
+    InstanceSummary,
+    NextTest,
+    SessionState,
+    StepState,
+)
 from service import engine
 from service.store.base import StoredInstance
 
@@ -23,6 +37,16 @@ EXPLAIN_CANDIDATES = 5
 # and a slot per test id (the ids are the instance's own strings).
 STEP_OBJECT_BYTES = 512
 TEST_SLOT_BYTES = 8
+# History entries and proposed tests are the same few objects in every step of an instance's
+# sessions: built once each (the most recently used this many of each kind).
+WIRE_PARTS_CACHED = 1 << 13
+
+# The splices below rely on this order of members; a model that changes it fails here, at import.
+assert tuple(SessionState.model_fields) == ("session_id", *StepState.model_fields, "expires_at")
+assert tuple(StepState.model_fields)[-1] == "candidates"
+
+_STEP_JSON = TypeAdapter(StepState)
+_CANDIDATES_JSON = TypeAdapter(list[Candidate])
 
 # A response body as plain data.
 WireBody = dict[str, Any]
@@ -42,27 +66,20 @@ class SessionResult:
 
 @dataclass(frozen=True, eq=False)
 class Step:
-    """One computed step, kept as the JSON every response that shows it carries: StepState's
-    fields but ``candidates`` (``fields``: the object's members without its braces, so a session's
-    own members go around them without parsing or dumping the step again), the tests' scores the
-    candidates are written from when asked for (?explain=true: rarely, so not every step), and
-    what the domain itself reads of it."""
+    """One computed step: its ``StepState`` as JSON without ``candidates`` (the model's own
+    serialisation), the tests' scores the candidates are written from when asked for
+    (?explain=true: rarely, so not every step), and what the domain itself reads of it."""
 
-    fields: bytes
+    json: bytes
     scores: np.ndarray
     done: bool
     stop_reason: str | None
     next_tests: tuple[str, ...]  # ids of the tests proposed
-    history: tuple[int, int] = (0, 0)  # where the history's JSON array is in ``fields``
 
     @property
     def nbytes(self) -> int:
-        """What it holds, from above: its JSON, its test ids, the objects around them."""
-        return len(self.fields) + self.scores.nbytes + STEP_OBJECT_BYTES + TEST_SLOT_BYTES * len(self.next_tests)
-
-
-# A step and the belief it was computed from (None when the step cache did not keep it).
-Computed = tuple[Step, "engine.Belief | None"]
+        """What it holds, from above: its JSON, its scores, its test ids, the objects around them."""
+        return len(self.json) + self.scores.nbytes + STEP_OBJECT_BYTES + TEST_SLOT_BYTES * len(self.next_tests)
 
 
 def instance_summary(inst: engine.CompiledInstance) -> InstanceSummary:
@@ -96,12 +113,13 @@ def session_json(session_id: str, expires_at: float, step: Step, compiled: engin
 
 def step_json(step: Step, compiled: engine.CompiledInstance, explain: bool) -> bytes:
     """StepState's wire form, as JSON."""
-    return b"{" + step_members(step, compiled, explain) + b"}"
+    return b"{" + step_members(step, compiled, explain) + b"}" if explain else step.json
 
 
 def step_members(step: Step, compiled: engine.CompiledInstance, explain: bool) -> bytes:
-    """StepState's members as JSON, with the candidates only when asked for."""
-    return step.fields + b',"candidates":' + candidates_json(compiled, step.scores) if explain else step.fields
+    """StepState's members as JSON, with the candidates (its last member) only when asked for."""
+    members = step.json[1:-1]
+    return members + b',"candidates":' + candidates_json(compiled, step.scores) if explain else members
 
 
 def candidates_json(compiled: engine.CompiledInstance, scores: np.ndarray) -> bytes:
@@ -110,73 +128,76 @@ def candidates_json(compiled: engine.CompiledInstance, scores: np.ndarray) -> by
     ranked = np.where(np.isnan(scores), np.inf, -scores)
     best = [t for t in np.argsort(ranked, kind="stable")[:EXPLAIN_CANDIDATES].tolist() if ranked[t] != np.inf]
     tests, costs = compiled.test_ids, compiled.costs
-    return orjson.dumps([{"test": tests[t], "score": float(scores[t]), "cost": float(costs[t])} for t in best])
+    return _CANDIDATES_JSON.dump_json([Candidate(test=tests[t], score=float(scores[t]), cost=float(costs[t]))
+                                       for t in best])
 
 
-def step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.Decision,
-            previous: Computed | None = None) -> Step:
-    """The step's JSON. ``previous``: the step before (and its belief), whose history's JSON is
-    reused when this belief carries its observations forward: a step late in a session then
-    writes one history entry, not all of them."""
+def step_of(compiled: engine.CompiledInstance, policy: str, decision: engine.Decision) -> Step:
+    """The step a decision makes, its JSON serialised from its model."""
+    state = step_state(compiled, policy, decision)
+    return Step(_STEP_JSON.dump_json(state), decision.scores, decision.done, state.stop_reason,
+                tuple(test.id for test in state.next_tests))
+
+
+def step_state(compiled: engine.CompiledInstance, policy: str, decision: engine.Decision) -> StepState:
+    """The wire model of the step a decision makes (without candidates)."""
     belief = decision.belief
     posterior = belief.class_posterior
     # Most probable first, ties in instance order; the classes of probability 0 sort last and are left out.
     order = np.argsort(-posterior, kind="stable")[:np.count_nonzero(posterior)]
     labels, tests, costs = compiled.class_labels, compiled.test_ids, compiled.costs
-    next_tests = [{"id": tests[t], "cost": float(costs[t]), "outcomes": list(compiled.outcome_labels[t])}
-                  for t in decision.batch]
-    head = {
-        "policy": policy,
-        "step": len(belief.answers),
-        "next_test": next_tests[0] if next_tests else None,
-        "next_tests": next_tests,
-        "done": decision.done,
-        "stop_reason": None if decision.stop_reason is None else str(decision.stop_reason),
-        "cost_spent": float(belief.cost_spent),
-    }
-    tail = {
-        "class_posterior": dict(zip(map(labels.__getitem__, order.tolist()), posterior[order].tolist())),
-        "map_class": labels[int(order[0])],
-        "version_space_size": int(belief.alive.size) if compiled.kind == "deterministic" else None,
-        **decision_fields(compiled, belief),
-    }
-    history = history_json(compiled, belief.observations, previous)
-    opening = orjson.dumps(head)[1:-1] + b',"history":'
-    fields = opening + history + b"," + orjson.dumps(tail)[1:-1]
-    return Step(fields, decision.scores, decision.done, head["stop_reason"],
-                tuple(test["id"] for test in next_tests), (len(opening), len(opening) + len(history)))
+    next_tests = [_next_test(tests[t], float(costs[t]), compiled.outcome_labels[t]) for t in decision.batch]
+    decision_out, decision_posterior = decision_fields(compiled, belief)
+    return StepState(
+        policy=policy,
+        step=len(belief.answers),
+        next_test=next_tests[0] if next_tests else None,
+        next_tests=next_tests,
+        done=decision.done,
+        stop_reason=None if decision.stop_reason is None else str(decision.stop_reason),
+        cost_spent=float(belief.cost_spent),
+        history=history(compiled, belief.observations),
+        class_posterior=dict(zip(map(labels.__getitem__, order.tolist()), posterior[order].tolist())),
+        map_class=labels[int(order[0])],
+        version_space_size=int(belief.alive.size) if compiled.kind == "deterministic" else None,
+        decision=decision_out,
+        decision_posterior=decision_posterior,
+    )
 
 
-def history_json(compiled: engine.CompiledInstance, observations: tuple[engine.Observation, ...],
-                 previous: Computed | None) -> bytes:
-    """The history's JSON array: the previous step's, extended by the observations since, when
-    its belief's observations begin these; else written whole."""
-    carried, written = b"[]", 0
-    if previous is not None and previous[1] is not None:
-        before = previous[1].observations
-        if observations[:len(before)] == before:
-            start, end = previous[0].history
-            carried, written = previous[0].fields[start:end], len(before)
-    tests, costs = compiled.test_ids, compiled.costs
-    added = orjson.dumps([{"test": tests[t], "skipped": True, "cost": float(costs[t]) if compiled.skip_charged else 0.0}
-                          if k == engine.SKIPPED else
-                          {"test": tests[t], "outcome": compiled.outcome_labels[t][k], "cost": float(costs[t])}
-                          for t, k in observations[written:]])
-    if carried == b"[]":
-        return added
-    return carried if added == b"[]" else carried[:-1] + b"," + added[1:]
+def history(compiled: engine.CompiledInstance, observations: tuple[engine.Observation, ...]) -> list[HistoryEntry]:
+    """The observations as the history shows them: answers with their cost, skips with theirs
+    (the test's cost when skips are charged, else 0)."""
+    tests, costs, outcomes = compiled.test_ids, compiled.costs, compiled.outcome_labels
+    skip_charged = compiled.skip_charged
+    return [_skipped(tests[t], float(costs[t]) if skip_charged else 0.0) if k == engine.SKIPPED
+            else _answered(tests[t], outcomes[t][k], float(costs[t])) for t, k in observations]
 
 
-def decision_fields(compiled: engine.CompiledInstance, belief: engine.Belief) -> WireBody:
+@lru_cache(maxsize=WIRE_PARTS_CACHED)
+def _answered(test: str, outcome: str, cost: float) -> HistoryEntry:
+    return HistoryEntry(test=test, outcome=outcome, cost=cost)
+
+
+@lru_cache(maxsize=WIRE_PARTS_CACHED)
+def _skipped(test: str, cost: float) -> HistoryEntry:
+    return HistoryEntry(test=test, skipped=True, cost=cost)
+
+
+@lru_cache(maxsize=WIRE_PARTS_CACHED)
+def _next_test(test: str, cost: float, outcomes: tuple[str, ...]) -> NextTest:
+    return NextTest(id=test, cost=cost, outcomes=list(outcomes))
+
+
+def decision_fields(compiled: engine.CompiledInstance,
+                    belief: engine.Belief) -> tuple[DecisionOut | None, dict[str, float] | None]:
     """Decision instances: the decision to act on (``expected_loss`` only with losses) and
     P(acceptable) per decision, most probable first; nothing for a class instance."""
     if not compiled.is_decision:
-        return {}
+        return None, None
     probability, losses = engine.decision_posterior(belief), engine.expected_loss(belief)
     chosen = engine.choose_decision(probability, losses)
-    decision = {"id": compiled.decision_labels[chosen], "probability": float(probability[chosen])}
-    if losses is not None:
-        decision["expected_loss"] = float(losses[chosen])
+    decision = DecisionOut(id=compiled.decision_labels[chosen], probability=float(probability[chosen]),
+                           expected_loss=None if losses is None else float(losses[chosen]))
     order = np.argsort(-probability, kind="stable")
-    return {"decision": decision,
-            "decision_posterior": {compiled.decision_labels[d]: float(probability[d]) for d in order}}
+    return decision, {compiled.decision_labels[d]: float(probability[d]) for d in order}

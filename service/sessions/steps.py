@@ -15,10 +15,13 @@ from service.metrics import SELECTION_SECONDS
 from service.store import SessionRecord
 from service.store.cache import ByteBoundedLRU
 
-from .state import Computed, Step, step_of
+from .state import Step, step_of
 
 # Observations by label; the outcome of a skipped test is None.
 Labelled = tuple[tuple[str, str | None], ...]
+
+# A step and the belief it was computed from (None when the step cache did not keep it).
+Computed = tuple[Step, "engine.Belief | None"]
 
 # Estimates from above of CPython's objects (64-bit): a 2-tuple of one observation and its slot
 # in the tuple of all of them, and a key's members but its labels (the rules, the tuples, the
@@ -136,13 +139,6 @@ class StepCache(ByteBoundedLRU):
             self._keep(key, _Entry(step, belief, size + held))
 
 
-class Observed(NamedTuple):
-    """The belief after a key's observations, and the step before them when this worker has it."""
-
-    belief: engine.Belief
-    previous: Computed | None
-
-
 class Steps:
     """The steps of sessions and of stateless selects, computed once per worker while cached."""
 
@@ -163,27 +159,26 @@ class Steps:
         entry = self.cache.lookup(key)
         if entry is not None and entry[1] is not None:
             return entry  # type: ignore[return-value]
-        observed = self.observe(compiled, key)
-        step = entry[0] if entry is not None else self.compute(compiled, key, observed)
-        return step, observed.belief
+        belief = self.observe(compiled, key)
+        step = entry[0] if entry is not None else self.compute(compiled, key, belief)
+        return step, belief
 
-    def compute(self, compiled: engine.CompiledInstance, key: StepKey, observed: Observed | None = None) -> Step:
-        """The step ``key`` names (``observed``: its belief, from :meth:`observe`, given by a caller
+    def compute(self, compiled: engine.CompiledInstance, key: StepKey, belief: engine.Belief | None = None) -> Step:
+        """The step ``key`` names (``belief``: its belief, from :meth:`observe`, given by a caller
         that found no step under ``key``)."""
-        step = self.cache.get(key) if observed is None else None
+        step = self.cache.get(key) if belief is None else None
         if step is None:
             with SELECTION_SECONDS.time():
-                if observed is None:
-                    observed = self.observe(compiled, key)
-                decision = decide(compiled, key, observed.belief)
-            step = step_of(compiled, key.policy, decision, observed.previous)
-            self.cache.put(key, step, observed.belief)
+                if belief is None:
+                    belief = self.observe(compiled, key)
+                decision = decide(compiled, key, belief)
+            step = step_of(compiled, key.policy, decision)
+            self.cache.put(key, step, belief)
         return step
 
-    def observe(self, compiled: engine.CompiledInstance, key: StepKey) -> Observed:
-        """The belief after the key's observations, carried forward from the step before when this
-        worker computed it, and that step; raises InconsistentObservation when they leave no
-        hypothesis alive."""
+    def observe(self, compiled: engine.CompiledInstance, key: StepKey) -> engine.Belief:
+        """The belief after the key's observations, carried forward from the step before's when
+        this worker kept it; raises InconsistentObservation when they leave no hypothesis alive."""
         observations = key.observations
         previous = self.cache.computed(StepKey(*key[:-1], observations[:-1])) if observations else None
         before = None if previous is None else previous[1]
@@ -191,4 +186,4 @@ class Steps:
             parsed = engine.parse_observations(compiled, observations)
         else:  # its belief's observations are the parse of all but the last
             parsed = engine.parse_observations(compiled, observations[-1:], before.observations, len(observations) - 1)
-        return Observed(engine.observe(compiled, parsed, before), previous)
+        return engine.observe(compiled, parsed, before)
