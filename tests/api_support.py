@@ -141,3 +141,6 @@ class Delegating(SessionStore):
 
     def ping(self):
         return self.inner.ping()
+
+    def rate_limiter(self, rate, scope):
+        return self.inner.rate_limiter(rate, scope)
