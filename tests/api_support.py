@@ -141,6 +141,3 @@ class Delegating(SessionStore):
 
     def ping(self):
         return self.inner.ping()
-
-    def rate_limiter(self, rate, scope):
-        return self.inner.rate_limiter(rate, scope)
