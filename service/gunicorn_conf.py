@@ -4,7 +4,7 @@
 * gthread workers: a step is short CPU work (numpy) plus Redis round trips; threads overlap the
   waits, processes use the cores (``WEB_CONCURRENCY`` workers × ``WEB_THREADS`` threads). The
   worker class is gthread's with whole requests read by its event loop first
-  (service/worker.py), so a stalled upload never holds a thread.
+  (service/worker/), so a stalled upload never holds a thread.
 * With the in-memory store (``REDIS_URL`` unset) sessions live in one process, so exactly one
   worker runs, whatever was asked.
 * With Redis, workers are recycled after ``max_requests`` (± jitter, so they do not all restart at

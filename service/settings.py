@@ -43,7 +43,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=80 * 1024 * 1024, ge=1024, description=(
         "larger request bodies (on the wire, and once gzip-inflated) are 413 `body-too-large` before they "
         "are parsed; the default fits an instance at MAX_CELLS in the compact form (docs/instances.md)"))
-    # Requests are buffered by the worker's event loop (service/worker.py), so a slow client holds
+    # Requests are buffered by the worker's event loop (service/worker/), so a slow client holds
     # memory and a connection, never a thread.
     request_read_timeout: float = Field(default=30.0, gt=0, le=3600, description=(
         "seconds a client has to send a whole request, headers and body, once its connection is accepted "

@@ -1,6 +1,6 @@
 """Live servers on free loopback ports. :class:`LiveServer`: a real gunicorn serving the app, for
 the fault tests, the live schemathesis run, the client's tests and bench/load.py; flags are given
-explicitly (the production worker class, service/worker.py) so a run depends only on the app and
+explicitly (the production worker class, service/worker/) so a run depends only on the app and
 the environment it is handed. :class:`EdgecutServe`: the ``edgecut serve`` command itself, as a
 user starts it."""
 

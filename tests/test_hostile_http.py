@@ -1,5 +1,5 @@
 """Hostile clients at the HTTP level, against a live gunicorn (the production worker class,
-service/worker.py) and a real Redis: stalled uploads, malformed framing, requests gunicorn itself
+service/worker/) and a real Redis: stalled uploads, malformed framing, requests gunicorn itself
 refuses, and the bad-input catalogue replayed over the wire with a time bound, byte-identical
 stored state and the workers' peak memory measured. The event loop's request framing is also
 tested on its own, byte by byte."""
@@ -17,7 +17,8 @@ import requests
 from api_support import QUAD, TRIAGE
 from live_server import LiveServer
 from service.app import create_app
-from service.worker import Framing, problem_message
+from service.worker.framing import Framing
+from service.worker.refusals import problem_message
 from snapshots import snapshot
 
 PROBLEM = "application/problem+json"
@@ -99,7 +100,7 @@ def test_framing_hands_over_the_headers_apart_and_a_length_body_joined_once():
 def test_held_unreader_gives_pieces_as_reads_and_skips_a_body_unread():
     from gunicorn.http.unreader import SocketUnreader
 
-    from service.worker import HeldUnreader
+    from service.worker.held import HeldUnreader
 
     ours, theirs = socket.socketpair()
     try:
@@ -132,7 +133,7 @@ def test_every_refusal_of_gunicorns_parser_maps_to_a_known_problem():
     from gunicorn.http import errors
 
     from service.api.problems import PROBLEMS
-    from service.worker import _refusal
+    from service.worker.refusals import refusal_for
 
     ours = (errors.ConfigurationProblem, errors.InvalidResponseHeader, errors.InvalidResponseHeaderName)
     parse_errors = [cls for _, cls in inspect.getmembers(errors, inspect.isclass)
@@ -141,7 +142,7 @@ def test_every_refusal_of_gunicorns_parser_maps_to_a_known_problem():
     for cls in parse_errors:
         # Their constructors differ; only the type is mapped.
         error = type("Probe", (cls,), {"__init__": lambda self: None, "__str__": lambda self: "probe"})()
-        code, _ = _refusal(error)
+        code, _ = refusal_for(error)
         assert code in PROBLEMS, cls.__name__
         if issubclass(cls, ours):  # the server's own fault: a bare 500, as for any bug
             assert code == "internal-error", cls.__name__

@@ -62,7 +62,7 @@ STATUS_TEXT = {400: ("Bad request: malformed JSON, an invalid header or query pa
                501: "Not implemented here: a rendering tool (Graphviz) is not installed",
                503: ("The session store is unavailable, or the server is receiving too many requests at once "
                      "(server-busy); retry after Retry-After seconds")}
-# Refusals any request can meet before the application sees it (service/worker.py), and the
+# Refusals any request can meet before the application sees it (service/worker/), and the
 # store's: documented on every operation.
 BELOW_THE_APPLICATION = (400, 408, 413, 414, 417, 431, 503)
 

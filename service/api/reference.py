@@ -76,7 +76,7 @@ LIMITS = [
             'time from accepting a connection (or the next request on a kept-alive one) until the whole request, headers and body, has arrived',
             '408 `request-timeout`, connection closed (a connection that sent nothing is just closed)'),
     setting('request_buffer_bytes',
-            "bytes of requests still arriving, buffered by the worker's event loop (service/worker.py)",
+            "bytes of requests still arriving, buffered by the worker's event loop (service/worker/)",
             '503 `server-busy` with `Retry-After`', note=' per worker'),
     setting('max_body_bytes',
             "body bytes, from `Content-Length` or as chunks arrive (and by nginx's `client_max_body_size` in docker-compose.yml, set from the same value)",

@@ -39,7 +39,6 @@ TLS and HTTP/2 connections are served as by gthread.
 
 from __future__ import annotations
 
-import collections
 import errno
 import io
 import selectors
@@ -48,305 +47,23 @@ import threading
 import time
 from functools import partial
 
-import httptools
-from gunicorn.http import errors as http_errors
 from gunicorn.http.body import LengthReader
-from gunicorn.http.unreader import SocketUnreader
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import ThreadWorker
 
-from schemas.api import Problem
-from service.api.encoding import dumps
-from service.api.problems import PROBLEM_MEDIA_TYPE, PROBLEMS, TYPE_PREFIX
 from service.app import rehearse, warm_up
 from service.heap import reserve_heap, resident_bytes, trim_heap
 from service.settings import load_settings
+from service.worker.framing import Framing
+from service.worker.held import RECV_BYTES, HeldUnreader
+from service.worker.refusals import refusal_for, problem_message
 
-RECV_BYTES = 1024 * 1024
 WARM_UP_WAIT = 0.5  # seconds a new worker waits for its store's connections before serving
 # An idle worker this far above its size at boot gives its heap's free pages back.
 IDLE_EXCESS_BYTES = 128 * 1024 * 1024
 IDLE_CHECK_INTERVAL = 1.0  # seconds
 # gunicorn's header limits may be 0 ("unlimited"); the buffer still needs a bound.
 UNLIMITED_HEADER_BYTES = 1024 * 1024
-
-
-class _HeadReader:
-    """llhttp's callbacks for one request: what framing needs from the head (the body's length or
-    chunked coding, ``Expect``), and the chunked body's size as it is decoded. A message after
-    this one (pipelined) is not looked at: gunicorn's parser reads it in its turn."""
-
-    __slots__ = ("max_body_bytes", "content_length", "codings", "expects_continue", "headers_complete",
-                 "message_complete", "body_bytes", "too_large")
-
-    def __init__(self, max_body_bytes: int):
-        self.max_body_bytes = max_body_bytes
-        self.content_length: int | None = None
-        self.codings: list[bytes] = []
-        self.expects_continue = False
-        self.headers_complete = False
-        self.message_complete = False
-        self.body_bytes = 0
-        self.too_large = False
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self.headers_complete:  # a trailer, or the next message's head
-            return
-        name = name.lower()
-        if name == b"content-length":
-            self.content_length = int(value)  # llhttp accepts digits only, and one value
-        elif name == b"transfer-encoding":
-            self.codings += [coding.strip().lower() for coding in value.split(b",")]
-        elif name == b"expect" and value.strip().lower() == b"100-continue":
-            self.expects_continue = True
-
-    def on_headers_complete(self) -> None:
-        self.headers_complete = True
-
-    def on_body(self, data: bytes) -> None:  # chunked bodies only: a Content-Length one is not fed
-        if self.message_complete:
-            return
-        self.body_bytes += len(data)
-        if self.body_bytes > self.max_body_bytes:
-            self.too_large = True
-            raise OverflowError("MAX_BODY_BYTES")  # stops llhttp
-
-    def on_message_complete(self) -> None:
-        self.message_complete = True
-
-
-class Framing:
-    """Where one HTTP/1.1 request ends in the bytes received so far (RFC 9112 §6), as llhttp (via
-    httptools) reads it; everything else is left to gunicorn's parser, which reads the same bytes.
-
-    llhttp gets the head once it is all there (up to the first empty line: a valid head holds no
-    other), then a chunked body as it arrives. A ``Content-Length`` body is not fed to it (it would
-    only be copied out again): it is complete when that many bytes followed the head. Each call to
-    :meth:`verdict` continues where the last one stopped, so a body arriving in many small pieces
-    costs linear time. Beyond llhttp's own refusals, the one policy here: ``chunked`` is the only
-    transfer coding accepted."""
-
-    INCOMPLETE, COMPLETE, TOO_LARGE, MALFORMED, HEADERS_TOO_LARGE = (
-        "incomplete", "complete", "too-large", "malformed", "headers-too-large")
-
-    def __init__(self, max_header_bytes: int, max_body_bytes: int):
-        self.max_header_bytes = max_header_bytes
-        self.max_body_bytes = max_body_bytes
-        self._head = bytearray()  # what arrived before the head was complete
-        # After it, what arrives is kept as the pieces it came in and joined at most once
-        # (bytearray += copies the whole buffer again and again as it grows).
-        self._tail: list = []
-        self._fed = 0  # pieces of the tail given to llhttp (chunked)
-        self.size = 0  # bytes received
-        self.reason = ""
-        self._searched = 0  # bytes searched for the end of the head
-        self._head_fed = 0  # bytes of it given to llhttp
-        self._body_start: int | None = None
-        self._reader = _HeadReader(max_body_bytes)
-        self._parser = httptools.HttpRequestParser(self._reader)
-        self._final: str | None = None
-
-    @property
-    def expects_continue(self) -> bool:
-        return self._reader.expects_continue
-
-    def feed(self, data: bytes) -> None:
-        self.size += len(data)
-        if self._body_start is None:
-            self._head += data
-        else:
-            self._tail.append(data)
-
-    def pieces(self) -> list:
-        """Everything received so far, as the buffers it arrived in (not joined), the head apart
-        from the body: gunicorn's parser then reads the head alone."""
-        if self._body_start is None:
-            return [self._head, *self._tail]
-        return [memoryview(self._head)[:self._body_start], *self._tail]
-
-    def body(self) -> bytes | None:
-        """A complete ``Content-Length`` body, joined once from the pieces it arrived in; None
-        for any other framing (chunked, no length, empty)."""
-        if self._final != self.COMPLETE or self._chunked or not self._reader.content_length:
-            return None
-        parts, wanted = [], self._reader.content_length
-        for piece in self._tail:  # after the head: the body, then what came after it
-            view = memoryview(piece)[:wanted]
-            if view.nbytes:
-                parts.append(view)
-                wanted -= view.nbytes
-        return b"".join(parts)
-
-    @property
-    def has_body_pending(self) -> bool:
-        """Head read, body not complete yet (for ``Expect: 100-continue``)."""
-        return self._body_start is not None and self._final is None
-
-    @property
-    def _chunked(self) -> bool:
-        return bool(self._reader.codings)
-
-    def verdict(self) -> str:
-        if self._final is not None:
-            return self._final
-        if self._body_start is None:
-            state = self._read_head()
-            if state != self.COMPLETE:
-                return self._settle(state)
-        reader = self._reader
-        if self._chunked:
-            return self._settle(self._read_chunks())
-        if reader.content_length is None:
-            return self._settle(self.COMPLETE)
-        if reader.content_length > self.max_body_bytes:
-            return self._settle(self.TOO_LARGE)
-        done = self.size - self._body_start >= reader.content_length
-        return self._settle(self.COMPLETE if done else self.INCOMPLETE)
-
-    def _settle(self, state: str) -> str:
-        if state != self.INCOMPLETE:
-            self._final = state
-        return state
-
-    def _read_head(self) -> str:
-        # llhttp reads the head as it arrives (a malformed one is refused at once), never past
-        # its end: what follows is the body, or the next request.
-        end = self._head.find(b"\r\n\r\n", max(0, self._searched - 3))
-        self._searched = len(self._head)
-        upto = len(self._head) if end < 0 else end + 4
-        state = self._parse(memoryview(self._head)[self._head_fed:upto])
-        self._head_fed = upto
-        if state == self.MALFORMED:
-            return state
-        if end < 0:
-            if len(self._head) > self.max_header_bytes:
-                self.reason = f"the request's headers are longer than {self.max_header_bytes} bytes"
-                return self.HEADERS_TOO_LARGE
-            return self.INCOMPLETE
-        self._body_start = upto
-        rest = memoryview(self._head)[upto:]
-        if rest.nbytes:
-            self._tail.append(rest)
-        if not self._reader.headers_complete:
-            self.reason = "the request's head is not valid HTTP/1.1"
-            return self.MALFORMED
-        if self._chunked and self._reader.codings != [b"chunked"]:
-            self.reason = "the only transfer coding accepted is chunked"
-            return self.MALFORMED
-        return self.COMPLETE
-
-    def _read_chunks(self) -> str:
-        while self._fed < len(self._tail) and not self._reader.message_complete:
-            piece = self._tail[self._fed]
-            self._fed += 1
-            state = self._parse(piece if isinstance(piece, memoryview) else memoryview(piece))
-            if state != self.COMPLETE:
-                return state
-        return self.COMPLETE if self._reader.message_complete else self.INCOMPLETE
-
-    def _parse(self, data: memoryview) -> str:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            if self._chunked:  # llhttp reads no body after an upgrade
-                self.reason = "a request asking to upgrade the connection cannot have a chunked body"
-                return self.MALFORMED
-        except httptools.HttpParserError as error:
-            if self._reader.too_large:
-                return self.TOO_LARGE
-            if not self._reader.message_complete:  # else: the next (pipelined) message's fault
-                self.reason = str(error)
-                return self.MALFORMED
-        return self.COMPLETE
-
-
-def problem_message(code: str, detail: str, headers: dict[str, str] | None = None) -> bytes:
-    """A complete HTTP/1.1 response carrying the problem ``code`` (service/api/problems.py's
-    table), closing the connection: what is left on it cannot be trusted to be a request."""
-    status, title, _ = PROBLEMS[code]
-    body = dumps(Problem(type=TYPE_PREFIX + code, title=title, status=status, detail=detail, errors=None)
-                 .model_dump(exclude_none=True))
-    lines = [f"HTTP/1.1 {status} {title}", f"Content-Type: {PROBLEM_MEDIA_TYPE}", f"Content-Length: {len(body)}",
-             "Connection: close", "Cache-Control: no-store", *(f"{k}: {v}" for k, v in (headers or {}).items())]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
-# gunicorn's parse errors → (problem code, detail shown). The detail is gunicorn's own message,
-# cut short: it quotes at most a few bytes of what the client sent.
-def _refusal(exc: BaseException) -> tuple[str, str]:
-    e = http_errors
-    if isinstance(exc, (e.ConfigurationProblem, e.InvalidResponseHeader, e.InvalidResponseHeaderName)):
-        return "internal-error", "an unexpected error occurred; it has been logged"  # ours, not the client's
-    if isinstance(exc, e.LimitRequestLine):
-        return "uri-too-long", f"the request line is too long: {exc}"
-    if isinstance(exc, e.LimitRequestHeaders):
-        return "headers-too-large", f"the request's headers are too large: {exc}"
-    if isinstance(exc, e.UnsupportedTransferCoding):
-        return "unsupported-transfer-coding", str(exc)
-    if isinstance(exc, e.ExpectationFailed):
-        return "expectation-failed", str(exc)
-    if isinstance(exc, (e.ParseException, UnicodeError)):
-        return "bad-request", f"the request is not valid HTTP/1.1: {exc}"
-    return "internal-error", "an unexpected error occurred; it has been logged"
-
-
-class HeldUnreader(SocketUnreader):
-    """gunicorn's socket unreader, holding what is pushed back to it (the request the event loop
-    buffered, what the parser did not consume) as views, in order, before the socket.
-
-    gunicorn's own keeps them in a BytesIO and rewrites everything after the bytes it returns on
-    every read: its body reader asks for 1 MiB at a time, so a 13 MB body buffered whole was
-    copied ~13 times over (~0.1 s). Here each byte is copied once, when it is read."""
-
-    def __init__(self, source: SocketUnreader):
-        super().__init__(source.sock, source.mxchunk)
-        self._held: collections.deque[memoryview] = collections.deque()
-        self.unread(source.take_buffered())
-
-    def unread(self, data) -> None:
-        if len(data):
-            self._held.appendleft(memoryview(data).cast("B"))
-
-    def read(self, size=None, read_ahead=None):
-        if not self._held or size == 0:
-            return super().read(size, read_ahead)
-        if size is not None and not isinstance(size, int):
-            raise TypeError("size parameter must be an int or long.")
-        # No size: the next piece (at most RECV_BYTES), as a socket read would give one; the
-        # parser reads headers so, and they are a piece of their own.
-        if size is None or size < 0:
-            return bytes(self._take(RECV_BYTES))
-        wanted, pieces = size, []
-        while wanted and self._held:
-            pieces.append(self._take(wanted))
-            wanted -= len(pieces[-1])
-        data = b"".join(pieces)
-        if wanted:
-            data += super().read(wanted, read_ahead)
-        return data
-
-    def skip(self, size: int) -> None:
-        """Drop the next ``size`` held bytes unread (a body handed to the request another way)."""
-        while size and self._held:
-            size -= len(self._take(size))
-
-    def _take(self, limit: int) -> memoryview:
-        """At most ``limit`` bytes of the next held piece, the rest of it held back."""
-        piece = self._held.popleft()
-        if len(piece) > limit:
-            self._held.appendleft(piece[limit:])
-            piece = piece[:limit]
-        return piece
-
-    def take_buffered(self):
-        held = b"".join(self._held)
-        self._held.clear()
-        return held + super().take_buffered()
-
-    @property
-    def holds_data(self) -> bool:
-        """Bytes received and not read yet (a pipelined request, say)."""
-        return bool(self._held) or bool(self.buf.getvalue())
 
 
 def _bytes_waiting(sock) -> bool:
@@ -624,7 +341,7 @@ class BufferingWorker(ThreadWorker):
     # --- gunicorn's own refusals, as problems ---------------------------------------------------
 
     def handle_error(self, req, client, addr, exc):
-        code, detail = _refusal(exc)
+        code, detail = refusal_for(exc)
         if code == "internal-error":
             self.log.exception("error handling a request")
         else:
