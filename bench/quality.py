@@ -1,6 +1,6 @@
 """Quality suite: every registered policy on instances built from real data, paired, with intervals.
 
-    python3 -m bench.quality                    # the tables in docs/quality.md (about 10 minutes)
+    python3 -m bench.quality                    # the tables in docs/quality.md (about 5 minutes of CPU)
     python3 -m bench.quality --quick            # a smoke run: few respondents, small phenotype table
     python3 -m bench.quality --instances wine,triage --json results.json
 
@@ -64,6 +64,8 @@ from service.examples.real_data import Part, Respondent  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 HORIZONS = (5, 10, 20, 30)
 CONFIDENCE = 0.95
+# Stops that reach the goal without a confident posterior: one class left, or one decision.
+REACHED = (engine.StopReason.DETERMINED, engine.StopReason.DECIDED)
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ SUITE: dict[str, Spec] = {spec.name: spec for spec in (
     Spec("digits", "scikit-learn digits: 10 classes, 64 pixels", "held-out rows of 5 stratified folds (60 a fold)",
          _held_out("digits", 60, 4), 44),
     Spec("phenotypes", "Orphanet rare diseases × HPO phenotypes: 1,500 classes, 1,000 yes/no tests",
-         "patients drawn from the table", _phenotypes, 60),
+         "patients drawn from the table", _phenotypes, 50),
     Spec("lotteries", "the lottery study (uncertain): 4 theories, 58 hypotheses, 2,346 tests",
          "subjects drawn from the model", _lotteries, 60),
     Spec("triage", "examples/triage as classes: 14 conditions, 16 tests with costs",
@@ -125,7 +127,8 @@ class Runs:
     stop_answers: list[int] = field(default_factory=list)
     stop_cost: list[float] = field(default_factory=list)
     stop_right: list[bool] = field(default_factory=list)
-    reached: list[bool] = field(default_factory=list)  # reached the confidence (or decided) before the cap
+    # Reached the confidence (or determined, decided) before the run ended for another reason.
+    reached: list[bool] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
 
 
@@ -167,7 +170,7 @@ def play(inst: engine.CompiledInstance, policy: engine.Policy, respondent: Respo
         elapsed = time.perf_counter() - started
         right.append(is_right(inst, belief, respondent))
         if stop is None and (decision.done or confident(inst, belief)):
-            reached = decision.stop_reason != engine.StopReason.MAX_TESTS or confident(inst, belief)
+            reached = confident(inst, belief) or decision.stop_reason in REACHED
             stop = (len(observations), float(belief.cost_spent), right[-1], reached)
         if decision.done or (stop is not None and len(observations) >= HORIZONS[-1]):
             break
@@ -188,7 +191,8 @@ class InstanceResult:
     shape: str
     respondents: int
     runs: dict[str, Runs]
-    auto_picks: list[tuple[str, float]]  # per part: (policy, recommendation CPU seconds)
+    # Per part: (policy, the recommendation's CPU seconds, simulated respondents it finished).
+    auto_picks: list[tuple[str, float, int]]
     build_seconds: float
 
 
@@ -212,10 +216,10 @@ def run_instance(spec: Spec, quick: bool, only: set[str] | None, progress: Calla
             progress(f"{spec.name}: {name} {len(part.respondents)} respondents in {time.perf_counter() - clock:.1f} s")
         if only is None or engine.AUTO in only:
             clock = time.thread_time()
-            pick = engine.recommend(inst, engine.StopRules()).policy
-            auto_picks.append((pick, time.thread_time() - clock))
-    if auto_picks and all(pick in runs for pick, _ in auto_picks):
-        runs[engine.AUTO] = _auto_runs(parts, runs, [pick for pick, _ in auto_picks])
+            recommendation = engine.recommend(inst, engine.StopRules())
+            auto_picks.append((recommendation.policy, time.thread_time() - clock, recommendation.respondents))
+    if auto_picks and all(pick in runs for pick, _, _ in auto_picks):
+        runs[engine.AUTO] = _auto_runs(parts, runs, [pick for pick, _, _ in auto_picks])
     shape = f"{inst0.n_hypotheses} hypotheses, {inst0.n_classes} classes, {inst0.n_tests} tests"
     if inst0.is_decision:
         shape += f", {inst0.n_decisions} decisions"
@@ -320,8 +324,9 @@ def markdown(summary: dict) -> str:
              f"{summary['summary']} ({summary['shape']}); respondents: {summary['respondent_source']} "
              f"(R = {summary['respondents']}); at most {summary['cap']} answers each.", ""]
     if summary["auto_picks"]:
-        picks = ", ".join(f"{p} ({s:.1f} s)" for p, s in summary["auto_picks"])
-        lines += [f"`auto` picks, per part (recommendation CPU time): {picks}.", ""]
+        picks = ", ".join(f"{p} ({s:.1f} s, {r})" for p, s, r in summary["auto_picks"])
+        lines += [f"`auto` picks, per part (the recommendation's CPU time, simulated respondents it "
+                  f"finished): {picks}.", ""]
     header = ["policy", *[f"accuracy after {k}" for k in HORIZONS]]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, p in summary["policies"].items():
