@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1.7
 # edgecut: the HTTP service under gunicorn. Build: docker build -t edgecut .
 # Run with the embedded store (one worker):  docker run -p 8000:8000 edgecut
-# With Redis (several workers):              docker compose up
+# With Redis (several workers), nginx in front: docker compose up
 # The server image installs the service alone: no plotting or progress-bar packages (the
 # `plots` extra is for the study and evaluation commands).
 FROM python:3.11.11-slim-bookworm AS build
