@@ -7,7 +7,8 @@ Where each concern lives:
 * ``state.py`` — a step's and a session's wire JSON;
 * ``commit.py`` — the compare-and-set loop that stores an operation's new facts;
 * ``observations.py``, ``corrections.py`` — the operations: record, correct, withdraw;
-* ``pages.py`` — batch sessions' pages;
+* ``pages.py`` — the walk through a batch of new observations, batch sessions' pages, the
+  request's work deadline;
 * ``idempotency.py`` — ``Idempotency-Key`` on create;
 * ``records.py`` — reading a record and its instance back from the store.
 """

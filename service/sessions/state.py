@@ -42,8 +42,10 @@ TEST_SLOT_BYTES = 8
 WIRE_PARTS_CACHED = 1 << 13
 
 # The splices below rely on this order of members; a model that changes it fails here, at import.
-assert tuple(SessionState.model_fields) == ("session_id", *StepState.model_fields, "expires_at")
-assert tuple(StepState.model_fields)[-1] == "candidates"
+if (tuple(SessionState.model_fields) != ("session_id", *StepState.model_fields, "expires_at")
+        or tuple(StepState.model_fields)[-1] != "candidates"):
+    raise ImportError("SessionState must be session_id, StepState's members, expires_at; StepState must end "
+                      "with candidates (service/sessions/state.py splices them in that order)")
 
 _STEP_JSON = TypeAdapter(StepState)
 _CANDIDATES_JSON = TypeAdapter(list[Candidate])
