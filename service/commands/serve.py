@@ -53,10 +53,10 @@ def gunicorn_argv(args: argparse.Namespace, out=sys.stderr) -> list[str]:
             "--workers", str(workers), APP]
 
 
-def choose_log_format(environ=os.environ, stream=sys.stderr) -> None:
+def choose_log_format() -> None:
     """``LOG_FORMAT=text`` for a terminal when the variable is unset; gunicorn inherits it."""
-    if not environ.get("LOG_FORMAT") and stream.isatty():
-        environ["LOG_FORMAT"] = "text"
+    if not os.environ.get("LOG_FORMAT") and sys.stderr.isatty():
+        os.environ["LOG_FORMAT"] = "text"
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -76,8 +76,9 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def report(message: str, level: int, log_format: str, out=sys.stderr) -> None:
+def report(message: str, level: int, log_format: str, out=None) -> None:
     """One line before gunicorn starts, in the format its log lines will have."""
+    out = out or sys.stderr
     if log_format == "json":
         record = logging.LogRecord("service.cli", level, __file__, 0, message, None, None)
         print(JsonFormatter().format(record), file=out)
