@@ -23,7 +23,8 @@ from live_server import LiveServer
 from nginx_front import NGINX, TEMPLATE, NginxFront, template_variables
 from service.api.problems import PROBLEMS
 from service.settings import Settings
-from test_hostile_http import HOSTILE, _ordinary_round, assert_raw_problem, raw_exchange, read_response
+from test_hostile_http import (HOSTILE, _ordinary_round, assert_raw_problem, raw_exchange, read_response,
+                               replay_catalogue)
 
 pytestmark = [pytest.mark.redis,
               pytest.mark.skipif(NGINX is None, reason="nginx is not installed (.ci/run installs Debian's)")]
@@ -143,6 +144,24 @@ def test_refusals_through_nginx_are_problems(front, name):
     code = problem["type"].removeprefix("urn:edgecut:problem:")
     assert PROBLEMS[code][0] == status == problem["status"], problem
     assert 400 <= status < 500 or code == "unsupported-transfer-coding", problem
+
+
+def test_the_bad_input_catalogue_through_nginx(redis_server):
+    """tests/test_bad_input.py's catalogue through nginx in front of gunicorn, both with the
+    catalogue's limits: every entry the same problem as without nginx, nothing stored."""
+    from test_bad_input import LIMITS
+
+    config = {"REDIS_URL": redis_server.url, "KEY_PREFIX": f"front-catalogue-{uuid.uuid4().hex[:8]}",
+              **{name.upper(): str(value) for name, value in LIMITS.items()}}
+    service = LiveServer(config, workers=1, threads=4, config="python:service.gunicorn_conf")
+    service.start()
+    nginx = NginxFront(service.port, LIMITS["max_body_bytes"], READ_TIMEOUT)
+    try:
+        nginx.start()
+        assert not replay_catalogue(nginx.url, {key.lower(): value for key, value in config.items()})
+    finally:
+        nginx.stop()
+        service.stop()
 
 
 # --- the configuration itself -------------------------------------------------------------------
