@@ -144,12 +144,15 @@ def applicable(inst: engine.CompiledInstance) -> list[engine.Policy]:
 
 
 def is_right(inst: engine.CompiledInstance, belief: engine.Belief, respondent: Respondent) -> bool:
+    """The MAP class is the respondent's class (decision instances: the decision the run would
+    report is acceptable to its true hypothesis)."""
     if inst.is_decision:
         return bool(inst.acceptable[respondent.hypothesis, engine.final_decision(belief)])
     return int(np.argmax(belief.class_mass)) == respondent.true_class
 
 
 def confident(inst: engine.CompiledInstance, belief: engine.Belief) -> bool:
+    """The largest class posterior has reached :data:`CONFIDENCE` (likelihood instances)."""
     if inst.kind == "deterministic":
         return False  # a deterministic run stops by itself: determined or decided
     return float(belief.class_posterior.max()) >= CONFIDENCE
@@ -209,7 +212,7 @@ def run_instance(spec: Spec, quick: bool, only: set[str] | None, progress: Calla
         for name in names:
             policy = engine.POLICIES[name]
             clock = time.perf_counter()
-            for r, respondent in enumerate(part.respondents):
+            for respondent in part.respondents:
                 # The same seed for every policy and a different one for each respondent.
                 seed = int(np.random.SeedSequence([len(runs[name].stop_answers)]).generate_state(1)[0])
                 play(inst, policy, respondent, seed, spec.cap, runs[name])
