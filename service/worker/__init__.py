@@ -30,7 +30,12 @@ major version it is tested on.
 A new worker keeps a heap faulted in (service/heap.py), rehearses the engine once and waits
 briefly for a thread of its own to open the store's connections (service/app.py ``rehearse``,
 ``warm_up``) before serving, so its first request pays for none of them; none of it can fail
-the worker.
+the worker. Idle more than ``IDLE_EXCESS_BYTES`` above its size at boot, it gives its heap's
+free pages back (``trim_heap``).
+
+docker-compose.yml puts nginx in front (deploy/nginx.conf.template), which buffers requests
+too; this worker stays behind it because ``edgecut serve`` has no nginx, and because gunicorn's
+own refusals of what nginx passes on would otherwise be HTML (docs/reliability.md).
 
 Everything gunicorn itself refuses (a 414 request line, a control character in a header, …) is
 answered in RFC 9457 problem+json like the application's own errors, never gunicorn's HTML page.
