@@ -120,7 +120,9 @@ def delete(session_id: str) -> Response:
                         "with another outcome, anything new after the session is done (but the rest of a "
                         "batch session's last page), and an observation contradicting every remaining "
                         "hypothesis are 409, and nothing is stored. At most "
-                        f"{MAX_OBSERVATIONS_PER_REQUEST} observations per request."),
+                        f"{MAX_OBSERVATIONS_PER_REQUEST} observations per request; a session holds at most "
+                        "SESSION_MAX_OBSERVATIONS (413 naming the first posted past it), and a batch is refused "
+                        "422 infeasible once it has worked SESSION_TIME_LIMIT seconds."),
            parameters=[SESSION_ID, IF_MATCH, EXPLAIN],
            body=request_body("ObservationsRequest", "{test, outcome}, {test, skip: true} or {observations: [...]} "
                              "of those", {"test": "ecg", "outcome": "abnormal"}),
