@@ -65,7 +65,7 @@ from service.worker.refusals import refusal_for, problem_message
 
 WARM_UP_WAIT = 0.5  # seconds a new worker waits for its store's connections before serving
 # An idle worker this far above its size at boot gives its heap's free pages back.
-IDLE_EXCESS_BYTES = 128 * 1024 * 1024
+IDLE_EXCESS_BYTES = 64 * 1024 * 1024
 IDLE_CHECK_INTERVAL = 1.0  # seconds
 # gunicorn's header limits may be 0 ("unlimited"); the buffer still needs a bound.
 UNLIMITED_HEADER_BYTES = 1024 * 1024
