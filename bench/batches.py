@@ -3,7 +3,7 @@
     python3 bench/batches.py                       # the table in docs/lotteries.md
     python3 bench/batches.py --subjects 100 --jobs 1
 
-Strategies, all with the instance's default policy (EffECXtive) and the same simulated subjects:
+Strategies, all with EffECXtive and the same simulated subjects:
 
 * ``k=1``: one question at a time (the adaptive baseline);
 * ``joint k``: pages of k chosen greedily on their joint outcomes (``batch_size=k``; Chen &
@@ -55,7 +55,7 @@ def run(task: tuple[str, str, int, int, int]) -> np.ndarray:
     inst = _INSTANCE[study]
     hypothesis, _ = draw_subject(inst, seed, STUDY_NUMBER[study], subject)
     coins = np.random.default_rng([seed, STUDY_NUMBER[study], subject, 7]).random(inst.n_tests)
-    policy = engine.resolve_policy(inst, None)
+    policy = engine.resolve_policy(inst, "effecxtive")
     rules = engine.StopRules(max_tests=answers)
     batch_size = 1 if strategy == "k=1" or strategy.startswith("top-k") else int(strategy.split()[1])
     observations: list[engine.Observation] = []

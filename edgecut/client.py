@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from urllib3 import encode_multipart_formdata
 
 from schemas.arrays import encode
-from schemas.responses import InstanceList, InstanceListItem, InstanceSummary, SessionState, StepState
+from schemas.responses import InstanceDetail, InstanceList, InstanceListItem, SessionState, StepState
 
 PROBLEM_TYPE_PREFIX = "urn:edgecut:problem:"
 RETRIED_STATUSES = frozenset({429, 502, 503, 504})
@@ -154,8 +154,9 @@ class Client:
         content = encode_multipart_formdata(fields)
         return self._request("POST", "/v1/instances", content=content).json()["instance_id"]
 
-    def get_instance(self, instance_id: str) -> InstanceSummary:
-        return _parse(InstanceSummary, self._request("GET", f"/v1/instances/{instance_id}"))
+    def get_instance(self, instance_id: str) -> InstanceDetail:
+        """The instance's summary and what ``auto`` resolves to (``.auto``), with its evidence."""
+        return _parse(InstanceDetail, self._request("GET", f"/v1/instances/{instance_id}"))
 
     def list_instances(self, *, limit: int | None = None, cursor: str | None = None) -> InstanceList:
         """One page of this tenant's instances; pass ``next_cursor`` back for the next."""

@@ -15,9 +15,13 @@ from .instance import Instance, Label, Labels
 # The responses live in .responses, which loads no numpy (the client imports only them); they are
 # part of this contract and imported from here by the service.
 from .responses import (  # noqa: F401
+    AutoBudget,
+    AutoCandidate,
+    AutoChoice,
     Candidate,
     DecisionOut,
     HistoryEntry,
+    InstanceDetail,
     InstanceList,
     InstanceListItem,
     InstanceSummary,

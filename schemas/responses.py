@@ -27,6 +27,48 @@ class InstanceSummary(_Response):
     decisions: list[str] | None = None
 
 
+class AutoCandidate(_Response):
+    """One candidate policy on the simulated respondents: accuracy (the share whose MAP class, or
+    reported decision, at the stop was right) and cost at the stop, with 95 % intervals; null when
+    no respondent finished."""
+
+    policy: str
+    accuracy: float | None
+    accuracy_ci: tuple[float, float] | None
+    mean_cost: float | None
+    mean_cost_ci: tuple[float, float] | None
+    mean_tests: float | None
+    # Paired, respondent by respondent: this accuracy minus the pick's, with its interval (one
+    # reaching 0: the simulation does not tell the two apart).
+    accuracy_gap: float | None = None
+    accuracy_gap_ci: tuple[float, float] | None = None
+
+
+class AutoBudget(_Response):
+    respondents: int
+    cpu_seconds: float
+
+
+class AutoChoice(_Response):
+    """What ``policy: "auto"`` resolves to, and the evidence: the candidates best first (higher
+    accuracy, then lower mean cost, then registry order), on the same simulated respondents."""
+
+    policy: str
+    candidates: list[AutoCandidate]
+    respondents: int  # finished by every candidate
+    seed: int
+    budget: AutoBudget
+    complete: bool  # false: the CPU budget ran out before budget.respondents (ranked on those finished)
+    cpu_seconds: float  # spent simulating
+    note: str
+
+
+class InstanceDetail(InstanceSummary):
+    """An instance's summary and what ``auto`` resolves to under the default stop rules."""
+
+    auto: AutoChoice | None = None
+
+
 class InstanceListItem(_Response):
     instance_id: str
     kind: Literal["deterministic", "likelihood"]

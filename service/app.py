@@ -51,7 +51,8 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
                              redis_wait_timeout_ms=settings.redis_wait_timeout_ms)
     domain = Sessions(store, session_ttl=settings.session_ttl, max_cells=settings.max_cells,
                       max_compiled_bytes=settings.max_compiled_bytes, step_cache_bytes=settings.step_cache_bytes,
-                      max_observations=settings.session_max_observations, time_limit=settings.session_time_limit)
+                      max_observations=settings.session_max_observations, time_limit=settings.session_time_limit,
+                      auto_budget=engine.Budget(settings.auto_respondents, settings.auto_cpu_seconds))
     app.extensions[EXTENSION] = Services(settings=settings, store=store, sessions=domain)
 
     register_problems(app, retry_after_seconds=settings.retry_after_seconds)
@@ -83,7 +84,8 @@ def warm_up(app: Any) -> None:
 def rehearse() -> None:
     """Once, before a new worker's first request: two small made-up instances (one deterministic,
     big enough for the engine's streamed pass; one of likelihoods) validated, compiled, through
-    the Redis codec, and a step and an observation on each, each with its default policy. A
+    the Redis codec, and a step and an observation on each, each with its first applicable policy
+    (not ``auto``, whose simulation would hold the boot for its whole CPU budget). A
     worker's memory is mostly its master's, shared copy-on-write until written, and the first
     run of each function writes to it (reference counts, the interpreter's specialised bytecode):
     a fresh worker's first step on a 10⁴ × 10³ instance took ~500 page faults more without a
@@ -94,7 +96,7 @@ def rehearse() -> None:
             compiled = engine.compile_instance(Instance.model_validate(payload))
             decoded = codec.decode(*codec.encode(compiled), compiled.content_hash)
             resident_bytes(decoded)
-            policy = engine.resolve_policy(decoded, None)
+            policy = engine.applicable_policies(decoded)[0]
             belief = engine.observe(decoded, engine.parse_observations(decoded, []))
             decision = engine.decide(belief, policy)
             if decision.next_test is not None:

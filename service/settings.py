@@ -126,6 +126,13 @@ class Settings(BaseSettings):
         "most version spaces the exact optimum may visit (422)"))
     evaluation_max_policy_cells: int = Field(default=1_000_000, ge=1, description=(
         "hypotheses × tests × policies per evaluation request (422)"))
+    # --- auto: the policy that does best on sessions simulated from the instance (docs/api.md) --
+    auto_respondents: int = Field(default=100, ge=0, le=100_000, description=(
+        "simulated respondents `auto` plays every candidate policy against, once per instance and stop rules "
+        "(then shared through the store); fewer when AUTO_CPU_SECONDS runs out first"))
+    auto_cpu_seconds: float = Field(default=2.0, ge=0, le=60, description=(
+        "CPU seconds one `auto` simulation may spend inside the request that needs it; past it the candidates "
+        "are ranked on the respondents finished, and the evidence says so"))
     tree_max_nodes: int = Field(default=2_000, ge=1, description="most nodes of an exported tree (422)")
     tree_max_depth: int = Field(default=6, ge=1, description="deepest exported tree (422)")
 

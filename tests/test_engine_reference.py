@@ -348,13 +348,13 @@ def test_likelihood_instances_stop_at_confidence_095_by_default():
     cells = [[[0.95, 0.05], [0.5, 0.5]], [[0.05, 0.95], [0.6, 0.4]]]
     _, inst = likelihood_instance(cells, ["a", "b"])
     assert engine.DEFAULT_LIKELIHOOD_CONFIDENCE == 0.95
-    assert step(inst).next_test == 0
-    assert step(inst, [(0, 0)]).stop_reason == StopReason.CONFIDENCE_REACHED
+    assert step(inst, policy="effecxtive").next_test == 0
+    assert step(inst, [(0, 0)], policy="effecxtive").stop_reason == StopReason.CONFIDENCE_REACHED
     _, below = likelihood_instance([[[0.949, 0.051], [0.5, 0.5]], [[0.051, 0.949], [0.6, 0.4]]], ["a", "b"])
-    assert step(below, [(0, 0)]).next_test == 1
+    assert step(below, [(0, 0)], policy="effecxtive").next_test == 1
     # Any explicit stop rule replaces the default.
-    assert step(inst, [(0, 0)], max_tests=5).next_test == 1
-    assert step(inst, [(0, 0)], confidence=0.99).next_test == 1
+    assert step(inst, [(0, 0)], policy="effecxtive", max_tests=5).next_test == 1
+    assert step(inst, [(0, 0)], policy="effecxtive", confidence=0.99).next_test == 1
     # And a deterministic instance has no default confidence.
     _, det = deterministic([[0], [1], [1]], ["a", "b", "b"], priors=[0.01, 0.495, 0.495])
     assert step(det).next_test == 0
@@ -426,13 +426,13 @@ def test_500_observations_on_a_likelihood_instance_neither_underflow_nor_nan():
     assert decision.next_test is not None and np.isfinite(decision.scores[decision.next_test])
 
 
-def test_ec2_is_refused_on_likelihood_instances_naming_effecxtive():
+def test_ec2_is_refused_on_likelihood_instances_naming_the_default():
     _, inst = likelihood_instance([[[0.9, 0.1]], [[0.1, 0.9]]], ["a", "b"])
-    with pytest.raises(engine.PolicyNotApplicable, match="effecxtive"):
+    with pytest.raises(engine.PolicyNotApplicable, match=engine.DEFAULT_POLICIES["likelihood"]):
         step(inst, policy="ec2")
     with pytest.raises(engine.UnknownPolicy):
         step(inst, policy="nope")
-    assert step(inst).next_test == 0  # the default on likelihood instances is effecxtive
+    assert step(inst).next_test == 0
 
 
 def test_random_draws_with_the_documented_generator_per_seed_and_step():

@@ -279,7 +279,7 @@ def test_noise_gives_symmetric_likelihoods():
     assert inst.likelihood[h, 0, :3] == pytest.approx([0.15, 0.7, 0.15])
     assert inst.likelihood[h, 1, :2] == pytest.approx([0.9, 0.1])
     assert inst.likelihood[h, 1, 2] == 0.0  # u has two outcomes; the padding column stays empty
-    assert engine.resolve_policy(inst, None).name == "effecxtive"
+    assert engine.default_policy(inst) == engine.DEFAULT_POLICIES["likelihood"]
 
 
 def test_a_zero_noise_rate_keeps_the_instance_deterministic():

@@ -29,7 +29,7 @@ bp = Blueprint("evaluation", __name__, url_prefix="/v1/instances")
 TREE_FORMATS = ("json", "dot", "svg", "png")
 TREE_PARAMETERS = [
     {"name": "format", "in": "query", "required": False, "schema": {"type": "string", "enum": list(TREE_FORMATS)}},
-    {"name": "policy", "in": "query", "required": False, "schema": {"type": "string", "enum": sorted(engine.POLICIES)}},
+    {"name": "policy", "in": "query", "required": False, "schema": {"type": "string", "enum": engine.policy_names()}},
     {"name": "max_tests", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}},
     {"name": "max_cost", "in": "query", "required": False, "schema": {"type": "number", "exclusiveMinimum": 0}},
     {"name": "confidence", "in": "query", "required": False,
@@ -51,7 +51,8 @@ class GraphvizUnavailable(ServiceError):
            "Expected cost, tests and accuracy of policies on a stored instance (docs/evaluation.md)",
            description="Bounded by time, samples and size limits; past one the answer is 422 naming it.",
            parameters=[INSTANCE_ID],
-           body=request_body("EvaluateRequest", "Policies (default: all that apply), stop rules, samples"),
+           body=request_body("EvaluateRequest", "Policies (default: all that apply; `auto` for the one it chooses), "
+                             "stop rules, samples"),
            responses={"200": json_body({"type": "object", "properties": {"instance_id": {"type": "string"}},
                                         "required": ["instance_id"], "additionalProperties": True},
                                        "The evaluation report"),
@@ -69,8 +70,12 @@ def evaluate_policies(instance_id: str) -> Response:
     )
     rules = engine.StopRules(max_tests=body.max_tests, max_cost=body.max_cost, confidence=body.confidence,
                              max_expected_loss=body.max_expected_loss)
+    # What auto resolves to under these rules, when it is evaluated or every policy is.
+    auto = None
+    if body.policies is None or engine.AUTO in body.policies:
+        auto = sessions().auto.choose(inst, rules, tenant())
     report = evaluate(inst, body.policies, rules, samples=body.samples, seed=body.seed,
-                      optimum=body.optimum, limits=limits)
+                      optimum=body.optimum, limits=limits, auto=auto)
     return json_response({"instance_id": instance_id, **report.to_dict()})
 
 
@@ -98,8 +103,9 @@ def tree(instance_id: str) -> Response:
     if depth is not None and depth > limits.max_depth:
         raise engine.InfeasibleComputation(f"depth must be at most {limits.max_depth} (tree_max_depth)")
     inst = sessions().instance(instance_id, tenant())
+    policy = sessions().auto.policy(inst, request.args.get("policy"), rules, tenant())
     try:
-        data = trees.export_tree(inst, request.args.get("policy"), fmt, rules, _int_arg("seed") or 0, limits, depth)
+        data = trees.export_tree(inst, policy, fmt, rules, _int_arg("seed") or 0, limits, depth)
     except trees.GraphvizMissing as error:
         raise GraphvizUnavailable(str(error)) from None
     return Response(data, content_type=trees.MEDIA_TYPES[fmt] + ("; charset=utf-8" if fmt != "png" else ""))

@@ -68,10 +68,12 @@ def delete(instance_id: str) -> Response:
 
 
 @bp.get("/<instance_id>")
-@operation("getInstance", "instances", "An instance's summary", parameters=[INSTANCE_ID],
-           responses={"200": json_body(ref("InstanceSummary"), "The instance's summary"),
-                      **problems(404, 500, 503)})
+@operation("getInstance", "instances", "An instance's summary, and what `auto` resolves to with the evidence",
+           description=("`auto` is simulated once per instance and stop rules (here the default ones), within "
+                        "AUTO_RESPONDENTS and AUTO_CPU_SECONDS, then shared by every worker: the first read may "
+                        "take that long."),
+           parameters=[INSTANCE_ID],
+           responses={"200": json_body(ref("InstanceDetail"), "The instance's summary and auto's choice"),
+                      **problems(404, 422, 500, 503)})
 def show(instance_id: str) -> Response:
-    from service.sessions import instance_summary
-
-    return json_response(instance_summary(sessions().instance(instance_id, tenant())))
+    return json_response(sessions().instance_detail(instance_id, tenant()))

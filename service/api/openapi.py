@@ -26,6 +26,7 @@ from service.ui import PAGE_BLUEPRINTS
 
 from schemas.api import (
     EvaluateRequest,
+    InstanceDetail,
     InstanceList,
     InstanceSummary,
     ObservationCorrection,
@@ -38,7 +39,7 @@ from schemas.api import (
 )
 from schemas.instance import LABEL_MAX_LENGTH, Instance
 
-from service.engine import POLICIES
+from service.engine import POLICIES, policy_names
 
 from .contract import HEADER, REF, operation_of, problems, ref
 from .problems import PROBLEMS, TYPE_PREFIX
@@ -104,22 +105,28 @@ CROSS_FIELD_RULES: dict[str, dict[str, Any]] = {
 }
 
 
-def _policy_names(node: Any) -> None:
-    """A policy is one of the registered names (service/engine/policies.py), not any string."""
+def _policy_names(node: Any, names: list[str]) -> None:
+    """A policy is one of ``names``, not any string."""
     for option in node.get("anyOf", [node]):
         if option.get("type") == "string":
             option.pop("minLength", None), option.pop("maxLength", None)
-            option["enum"] = sorted(POLICIES)
+            option["enum"] = names
         elif option.get("type") == "array":
-            option["items"] = {"type": "string", "enum": sorted(POLICIES)}
+            option["items"] = {"type": "string", "enum": names}
+
+
+# Requests name a registered policy (service/engine/policies.py) or `auto`; responses show the
+# registered policy that runs.
+REQUESTS_NAMING_POLICIES = ("SessionCreate", "SelectRequest", "EvaluateRequest")
 
 
 def _schemas() -> dict[str, Any]:
     _, schema = models_json_schema(
         [(Instance, "validation"), (SessionCreate, "validation"), (SelectRequest, "validation"),
          (ObservationsRequest, "validation"), (ObservationCorrection, "validation"),
-         (InstanceSummary, "serialization"), (InstanceList, "serialization"), (SessionState, "serialization"),
-         (StepState, "serialization"), (Problem, "serialization"), (EvaluateRequest, "validation")],
+         (InstanceSummary, "serialization"), (InstanceDetail, "serialization"), (InstanceList, "serialization"),
+         (SessionState, "serialization"), (StepState, "serialization"), (Problem, "serialization"),
+         (EvaluateRequest, "validation")],
         ref_template=REF,
     )
     schemas = _labels_accept_integers(schema["$defs"])
@@ -136,7 +143,8 @@ def _schemas() -> dict[str, Any]:
     for name, definition in schemas.items():
         for field in ("policy", "policies"):
             if field in definition.get("properties", {}):
-                _policy_names(definition["properties"][field])
+                _policy_names(definition["properties"][field],
+                              policy_names() if name in REQUESTS_NAMING_POLICIES else sorted(POLICIES))
     return schemas
 
 

@@ -12,7 +12,14 @@ from pydantic import ValidationError
 
 from schemas.instance import Instance, json_path
 from service import engine
-from service.evaluation import EvaluationLimits, default_policies, evaluate, format_tables, work_units
+from service.evaluation import (
+    EvaluationLimits,
+    default_policies,
+    evaluate,
+    format_recommendation,
+    format_tables,
+    work_units,
+)
 
 from .extras import MissingExtra, progress_bar, require_plotting
 
@@ -25,7 +32,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("instance", type=Path, help="instance JSON file")
     parser.add_argument("--policies", type=_names, default=None,
-                        help="comma-separated policy names (default: every policy that applies)")
+                        help="comma-separated policy names, 'auto' included (default: every policy that applies)")
     add_stop_rules(parser)
     parser.add_argument("--samples", type=int, default=2000,
                         help="Monte Carlo runs per policy, likelihood instances (default 2000)")
@@ -41,6 +48,15 @@ def register(subparsers) -> None:
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
                         help="also write a comparison plot (PNG or SVG by suffix)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--recommend", action="store_true",
+                        help="print what policy 'auto' chooses under the stop rules and why: every applicable "
+                        "policy ranked on simulated respondents (instead of the evaluation)")
+    parser.add_argument("--respondents", type=int, default=engine.Budget.respondents,
+                        help=f"--recommend: simulated respondents (default {engine.Budget.respondents}, as the "
+                        "service's AUTO_RESPONDENTS)")
+    parser.add_argument("--cpu-seconds", type=float, default=engine.Budget.cpu_seconds,
+                        help=f"--recommend: CPU seconds it may spend (default {engine.Budget.cpu_seconds:g}, as "
+                        "the service's AUTO_CPU_SECONDS)")
     parser.set_defaults(handler=run)
 
 
@@ -84,6 +100,8 @@ def load_instance(path: Path) -> engine.CompiledInstance:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.recommend:
+        return _recommend(args)
     try:
         if args.plot is not None:
             require_plotting("--plot")
@@ -117,3 +135,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 
+
+def _recommend(args: argparse.Namespace) -> int:
+    try:
+        if args.respondents < 1 or not args.cpu_seconds > 0:
+            raise CommandError("--respondents must be at least 1 and --cpu-seconds above 0")
+        inst = load_instance(args.instance)
+        recommendation = engine.recommend(inst, stop_rules(args), seed=args.seed,
+                                          budget=engine.Budget(args.respondents, args.cpu_seconds))
+    except (CommandError, engine.EngineError) as error:
+        print(f"edgecut: error: {error}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        json.dump(recommendation.to_dict(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_recommendation(recommendation, markdown=args.format == "markdown"))
+    return 0

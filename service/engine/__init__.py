@@ -37,8 +37,8 @@ from .evaluate import (
     worst_case_cost,
 )
 from .intervals import mean_interval, wilson_interval
-from .policies import AUTO, DEFAULT_POLICIES, POLICIES, Policy, resolve_policy
-from .recommend import Budget, CandidateResult, Recommendation, recommend
+from .policies import AUTO, DEFAULT_POLICIES, POLICIES, Policy, default_policy, policy_names, resolve_policy
+from .recommend import Budget, CandidateResult, Recommendation, applicable_policies, recommend
 from .regions import choose_decision, decision_posterior, expected_loss
 from .select import (
     DEFAULT_LIKELIHOOD_CONFIDENCE,

@@ -237,7 +237,7 @@ POLICIES: dict[str, Policy] = {
 # model, chosen per instance and stop rules (recommend.py).
 AUTO = "auto"
 # The policy an instance gets when it names none, by its kind (:func:`instance_kind`).
-DEFAULT_POLICIES: dict[str, str] = {"decision": "hec", "deterministic": "ec2", "likelihood": "effecxtive"}
+DEFAULT_POLICIES: dict[str, str] = {"decision": "hec", "deterministic": "ec2", "likelihood": AUTO}
 
 
 def instance_kind(inst: CompiledInstance) -> str:
@@ -245,19 +245,29 @@ def instance_kind(inst: CompiledInstance) -> str:
     return "decision" if inst.is_decision else inst.kind
 
 
+def policy_names() -> list[str]:
+    """Every name a request may give for a policy: the registered ones and :data:`AUTO`, sorted."""
+    return sorted([*POLICIES, AUTO])
+
+
+def default_policy(inst: CompiledInstance) -> str:
+    """The name an instance's sessions run when they give none (:data:`AUTO` included)."""
+    return DEFAULT_POLICIES[instance_kind(inst)]
+
+
 def resolve_policy(inst: CompiledInstance, name: str | None, rules: StopRules | None = None) -> Policy:
     """The policy called ``name`` (the instance's default when None), if it applies to ``inst``;
     :data:`AUTO` is the one :func:`~.recommend.recommend` ranks first under ``rules`` (once per
     process for each instance and rules)."""
     if name is None:
-        name = DEFAULT_POLICIES[instance_kind(inst)]
+        name = default_policy(inst)
     if name == AUTO:
         from .recommend import recommended  # it plays this module's policies
 
         return POLICIES[recommended(inst, rules)]
     policy = POLICIES.get(name)
     if policy is None:
-        raise UnknownPolicy(f"unknown policy '{name}'; choose one of {sorted([*POLICIES, AUTO])}")
+        raise UnknownPolicy(f"unknown policy '{name}'; choose one of {policy_names()}")
     if policy.decision and not inst.is_decision:
         raise PolicyNotApplicable(
             f"policy '{name}' needs a decision instance (top-level 'decisions' and per-hypothesis "

@@ -108,7 +108,7 @@ class Recommendation:
         return recommendation
 
 
-def candidates(inst: CompiledInstance) -> list[Policy]:
+def applicable_policies(inst: CompiledInstance) -> list[Policy]:
     """Every registered policy that applies to ``inst``, in registry order, decision policies
     first (on a decision instance they decide directly)."""
     applicable = []
@@ -132,19 +132,27 @@ class _Respondent:
     def __init__(self, inst: CompiledInstance, seed: int, index: int):
         rng = np.random.default_rng([seed, index])
         self.inst, self.seed, self.index = inst, seed, index
-        self.hypothesis = int(rng.choice(inst.n_hypotheses, p=inst.prior))
-        self.uniforms = rng.random(inst.n_tests)
+        self.hypothesis = h = int(rng.choice(inst.n_hypotheses, p=inst.prior))
+        uniforms = rng.random(inst.n_tests)
+        if inst.outcomes is not None:
+            self.first = inst.outcomes[h]
+        else:  # every first answer at once: the first k whose cumulative probability passes u
+            self.first = _drawn(inst.likelihood[h], uniforms)
 
     def answer(self, t: int, earlier: int) -> int:
         """The outcome of test t asked for the (earlier + 1)-th time."""
-        inst, h = self.inst, self.hypothesis
-        if inst.outcomes is not None:
-            return int(inst.outcomes[h, t])
-        u = self.uniforms[t] if earlier == 0 else np.random.default_rng([self.seed, self.index, t, earlier]).random()
-        row = inst.likelihood[h, t]
-        k = int(np.searchsorted(np.cumsum(row), u, side="right"))
-        # Round-off can leave the cumulative sum just under u: the last possible outcome.
-        return min(k, int(np.flatnonzero(row > 0)[-1]))
+        if earlier == 0 or self.inst.outcomes is not None:
+            return int(self.first[t])
+        u = np.random.default_rng([self.seed, self.index, t, earlier]).random()
+        return int(_drawn(self.inst.likelihood[self.hypothesis, t:t + 1], np.array([u]))[0])
+
+
+def _drawn(rows: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """Per row (a test's outcome distribution), the first outcome k with Σ_{j ≤ k} p_j > u;
+    where round-off leaves the whole sum at or under u, the last outcome of positive probability."""
+    passed = (np.cumsum(rows, axis=1) <= uniforms[:, None]).sum(axis=1)
+    last = rows.shape[1] - 1 - np.argmax(rows[:, ::-1] > 0, axis=1)
+    return np.minimum(passed, last)
 
 
 # Steps remembered across respondents (a policy's decision depends on the observations alone):
@@ -198,7 +206,7 @@ def _play(steps: _Steps, respondent: _Respondent, out_of_time: Callable[[], bool
 def recommend(inst: CompiledInstance, rules: StopRules = StopRules(), *, seed: int = 0, budget: Budget = Budget(),
               clock: Callable[[], float] = time.thread_time) -> Recommendation:
     """The candidate the simulation ranks first, and the evidence (module docstring)."""
-    pool = candidates(inst)
+    pool = applicable_policies(inst)
     started = clock()
     deadline = started + budget.cpu_seconds
 

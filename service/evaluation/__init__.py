@@ -10,6 +10,7 @@ from .report import (
     PolicyEvaluation,
     default_policies,
     evaluate,
+    format_recommendation,
     format_tables,
     work_units,
 )

@@ -27,18 +27,21 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from service.engine import (
-    POLICIES,
+    AUTO,
     CompiledInstance,
     InfeasibleComputation,
+    Recommendation,
     StopReason,
     StopRules,
     TreeNode,
+    applicable_policies,
     final_decision,
     log_p_min_bound,
     mean_interval,
     optimal_decision_cost,
     optimal_expected_cost,
     policy_tree,
+    recommend,
     resolve_policy,
     run_policy,
     wilson_interval,
@@ -124,6 +127,9 @@ class EvaluationReport:
     # EC²'s guarantee factor 2 ln(1/p_min) + 1 (deterministic instances).
     ec2_bound: float | None = None
     elapsed_seconds: float = 0.0
+    # When "auto" was among the policies: what it resolved to and the evidence
+    # (:meth:`~service.engine.Recommendation.to_dict`); its evaluation is the chosen policy's.
+    auto: dict | None = None
 
     def to_dict(self) -> dict:
         """Plain JSON types only (tuples become lists, NaN never appears)."""
@@ -136,9 +142,7 @@ class EvaluationReport:
 def default_policies(inst: CompiledInstance) -> list[str]:
     """Every registered policy that applies to the instance, in registry order (decision
     instances: the decision policies first)."""
-    names = [name for name, p in POLICIES.items()
-             if (inst.kind == "deterministic" or not p.deterministic_only) and (inst.is_decision or not p.decision)]
-    return sorted(names, key=lambda name: not POLICIES[name].decision)
+    return [policy.name for policy in applicable_policies(inst)]
 
 
 def decision_loss(inst: CompiledInstance) -> np.ndarray:
@@ -157,8 +161,13 @@ def evaluate(
     optimum: bool = True,
     limits: EvaluationLimits = EvaluationLimits(),
     progress: Progress | None = None,
+    auto: Recommendation | None = None,
 ) -> EvaluationReport:
     """Evaluate ``policies`` (names; default: all that apply) on ``inst`` under ``rules``.
+
+    "auto" among them is the policy ``auto`` chooses (``auto``, a recommendation made for
+    ``rules``; else the engine's, :func:`~service.engine.recommend`), evaluated once; the report
+    carries the recommendation whenever it was given or made.
 
     ``method``: "exact" (tree walk; deterministic instances only), "monte_carlo", or "auto"
     (exact when deterministic). The same ``seed`` gives the same report; each policy sees the
@@ -168,6 +177,9 @@ def evaluate(
     started = time.monotonic()
     deadline = started + limits.time_limit if limits.time_limit is not None else None
     names = list(policies) if policies else default_policies(inst)
+    if AUTO in names:
+        auto = recommend(inst, rules) if auto is None else auto
+        names = list(dict.fromkeys(auto.policy if name == AUTO else name for name in names))
     resolved = [resolve_policy(inst, name, rules) for name in names]  # refuse unknown names up front
     if method == "auto":
         method = "exact" if inst.kind == "deterministic" else "monte_carlo"
@@ -238,6 +250,7 @@ def evaluate(
         optimum_note=note,
         ec2_bound=bound,
         elapsed_seconds=time.monotonic() - started,
+        auto=None if auto is None else auto.to_dict(),
     )
 
 
@@ -464,6 +477,28 @@ def format_tables(report: EvaluationReport, markdown: bool = False) -> str:
     if classes:
         lines.append(_table(class_header, class_rows, markdown))
     return "\n\n".join(lines) + "\n"
+
+
+def format_recommendation(recommendation: Recommendation, markdown: bool = False) -> str:
+    """``auto``'s ranking as text: one row per candidate, best first, then the pick and how much
+    was simulated."""
+    def interval(ci: tuple[float, float] | None, percent: bool) -> str:
+        if ci is None:
+            return ""
+        low, high = (f"{x:.1%}" if percent else _num(x) for x in ci)
+        return f" [{low}, {high}]"
+
+    header = ["rank", "policy", "accuracy", "mean cost", "mean tests", "accuracy − pick's (paired)"]
+    rows = []
+    for rank, c in enumerate(recommendation.candidates, 1):
+        accuracy = "-" if c.accuracy is None else f"{c.accuracy:.1%}" + interval(c.accuracy_ci, True)
+        cost = _num(c.mean_cost) + interval(c.mean_cost_ci, False)
+        gap = "-" if c.accuracy_gap is None else f"{c.accuracy_gap:+.1%}" + interval(c.accuracy_gap_ci, True)
+        rows.append([str(rank), c.policy, accuracy, cost, _num(c.mean_tests), gap])
+    facts = [f"auto → {recommendation.policy}",
+             f"{recommendation.note} (seed {recommendation.seed}, {recommendation.cpu_seconds:.2f} s of CPU; "
+             "[…] are 95 % intervals)"]
+    return _table(header, rows, markdown) + "\n\n" + "\n".join(("- " if markdown else "  ") + f for f in facts) + "\n"
 
 
 def _num(x: float | None) -> str:

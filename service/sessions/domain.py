@@ -13,9 +13,19 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 
-from schemas.api import InstanceList, InstanceSummary, ObservationCorrection, SelectRequest, SessionCreate, StepConfig
+from schemas.api import (
+    AutoChoice,
+    InstanceDetail,
+    InstanceList,
+    InstanceSummary,
+    ObservationCorrection,
+    SelectRequest,
+    SessionCreate,
+    StepConfig,
+)
 from schemas.instance import Instance
 from service import engine
+from service.auto import AutoChoices
 from service.errors import InstanceNotFound, PreconditionFailed, SessionNotFound, UnknownTests
 from service.metrics import SESSIONS_CREATED
 from service.store import DEFAULT_TENANT, SessionRecord, SessionStore
@@ -39,9 +49,11 @@ class Sessions:
     def __init__(self, store: SessionStore, *, session_ttl: int, max_cells: int,
                  max_compiled_bytes: int, step_cache_bytes: int = 64 * 1024 * 1024,
                  max_observations: int = 10_000, time_limit: float = 5.0,
+                 auto_budget: engine.Budget = engine.Budget(),
                  clock: Callable[[], float] = time.time, timer: Callable[[], float] = time.thread_time):
         """``max_observations``, ``time_limit``: SESSION_MAX_OBSERVATIONS and SESSION_TIME_LIMIT;
-        ``clock`` dates expiries, ``timer`` measures work against the time limit."""
+        ``auto_budget``: AUTO_RESPONDENTS and AUTO_CPU_SECONDS; ``clock`` dates expiries, ``timer``
+        measures work against the time limit."""
         self.store = store
         self.max_observations = max_observations
         self.time_limit = time_limit
@@ -52,6 +64,7 @@ class Sessions:
         self.clock = clock
         self.steps = Steps(step_cache_bytes)
         self.writer = Writer(store, self.steps, session_ttl, clock)
+        self.auto = AutoChoices(store, auto_budget)
 
     # --- instances ----------------------------------------------------------------------
 
@@ -69,6 +82,15 @@ class Sessions:
         if compiled is None:
             raise InstanceNotFound(f"no instance '{instance_id}' (unknown, or expired)")
         return compiled
+
+    def instance_detail(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> InstanceDetail:
+        """The instance's summary and what ``auto`` resolves to under the default stop rules."""
+        compiled = self.instance(instance_id, tenant)
+        try:
+            choice = AutoChoice.model_validate(self.auto.choose(compiled, engine.StopRules(), tenant).to_dict())
+        except engine.PolicyNotApplicable:  # no registered policy applies: nothing to choose from
+            choice = None
+        return InstanceDetail(**dict(instance_summary(compiled)), auto=choice)
 
     def list_instances(self, tenant: str = DEFAULT_TENANT, limit: int = 50, cursor: str | None = None) -> InstanceList:
         items, next_cursor = self.store.list_instances(tenant, limit, cursor)
@@ -93,9 +115,11 @@ class Sessions:
         # The inline instance is stored only once the request has passed every check (an unknown
         # policy must leave nothing behind).
         compiled = self._instance_of(request, tenant)
-        policy = engine.resolve_policy(compiled, request.policy).name
         excluded = checked_exclusions(compiled, request)
         engine.check_batch(compiled, request.batch_size)
+        # Last of the checks: auto's choice is stored once made. The record keeps it: a session
+        # never changes policy.
+        policy = self.auto.policy(compiled, request.policy, stop_rules(request), tenant)
         now = self.clock()
         record = SessionRecord(
             session_id=secrets.token_urlsafe(SESSION_ID_BYTES), instance_id=compiled.content_hash,
@@ -161,16 +185,20 @@ class Sessions:
     def select(self, request: SelectRequest, tenant: str = DEFAULT_TENANT, explain: bool = False) -> bytes:
         """The step for observations the client keeps itself, as JSON; nothing is stored."""
         compiled = self._instance_of(request, tenant)
-        policy = engine.resolve_policy(compiled, request.policy).name
         excluded = checked_exclusions(compiled, request)
         engine.check_batch(compiled, request.batch_size)
         parsed = engine.parse_observations(compiled, request.labelled())
         observations = tuple(labels_of(compiled, t, k) for t, k in parsed)
-        rules = engine.StopRules(request.max_tests, None if request.max_cost is None else float(request.max_cost),
-                                 None if request.confidence is None else float(request.confidence),
-                                 None if request.max_expected_loss is None else float(request.max_expected_loss))
+        rules = stop_rules(request)
+        policy = self.auto.policy(compiled, request.policy, rules, tenant)  # last: auto's choice is stored
         key = step_key(tenant, compiled, policy, rules, request.seed, observations, excluded, request.batch_size)
         return step_json(self.steps.compute(compiled, key), compiled, explain)
+
+
+def stop_rules(config: StepConfig) -> engine.StopRules:
+    return engine.StopRules(config.max_tests, None if config.max_cost is None else float(config.max_cost),
+                            None if config.confidence is None else float(config.confidence),
+                            None if config.max_expected_loss is None else float(config.max_expected_loss))
 
 
 def checked_exclusions(compiled: engine.CompiledInstance, config: StepConfig) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ import yaml
 from flask import Blueprint, Flask, Response, abort, render_template, url_for
 from flask_swagger_ui import get_swaggerui_blueprint
 
-from service.engine import POLICIES
+from service.engine import AUTO, POLICIES
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="templates", static_folder="static")
 DOCS_BLUEPRINT = "swagger_ui"
@@ -53,7 +53,8 @@ def page() -> str:
     config = {
         "examples": [{"name": name, "title": title, "url": url_for(".example", name=name)}
                      for name, title in examples().items()],
-        "policies": {name: policy.summary for name, policy in POLICIES.items()},
+        "policies": {AUTO: "the policy that does best on sessions simulated from the instance's own model",
+                     **{name: policy.summary for name, policy in POLICIES.items()}},
         "defaultExample": DEFAULT_EXAMPLE,
         "features": features(),
         "treeMaxHypotheses": TREE_MAX_HYPOTHESES,
