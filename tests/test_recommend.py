@@ -185,3 +185,25 @@ def test_the_evidence_survives_its_json_form():
     broken = recommendation.to_dict() | {"policy": "not-a-candidate"}
     with pytest.raises(ValueError):
         engine.Recommendation.from_dict(broken)
+
+
+def test_the_command_line_prints_the_ranking_and_the_pick(tmp_path, capsys):
+    import json
+
+    from service.cli import main
+
+    payload = ref.to_payload(ref.random_model(random.Random(1), "likelihood", max_hypotheses=9, max_tests=5))
+    path = tmp_path / "instance.json"
+    path.write_text(json.dumps(payload))
+    args = ["evaluate", str(path), "--recommend", "--max-tests", "2", "--respondents", "20", "--cpu-seconds", "60"]
+    want = engine.recommend(compile_wire(payload), engine.StopRules(max_tests=2),
+                            budget=engine.Budget(respondents=20, cpu_seconds=60))
+    assert main([*args, "--format", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["policy"] == want.policy
+    assert [c["policy"] for c in shown["candidates"]] == [c.policy for c in want.candidates]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert f"auto → {want.policy}" in table
+    assert [line.split()[1] for line in table.splitlines()[2:2 + len(want.candidates)]] == [
+        c.policy for c in want.candidates]
