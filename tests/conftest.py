@@ -312,3 +312,19 @@ def wait_until_busy(url: str, within: float = 10.0) -> None:
             time.sleep(0.005)
     finally:
         probe.close()
+
+
+@pytest.fixture
+def only_deterministic_policies():
+    """The policy registry reduced to the policies refused on likelihood instances, then put back
+    whole, in its order (registry order breaks ties: monkeypatch's delitem would reorder it)."""
+    from service.engine import POLICIES
+
+    saved = dict(POLICIES)
+    for name, policy in saved.items():
+        if not policy.deterministic_only:
+            del POLICIES[name]
+    yield
+    POLICIES.clear()
+    POLICIES.update(saved)
+

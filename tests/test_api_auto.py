@@ -101,10 +101,7 @@ def test_no_respondent_within_the_budget_keeps_registry_order_and_says_so(auto_c
     assert auto["policy"] == engine.applicable_policies(compile_wire(INSTANCE))[0].name
 
 
-def test_auto_with_no_applicable_policy_is_refused_and_stores_nothing(client, monkeypatch):
-    for name, policy in list(engine.POLICIES.items()):
-        if not policy.deterministic_only:
-            monkeypatch.delitem(engine.POLICIES, name)
+def test_auto_with_no_applicable_policy_is_refused_and_stores_nothing(client, only_deterministic_policies):
     body = assert_problem(client.post("/v1/sessions", json={"instance": INSTANCE, "policy": "auto"}),
                           422, "policy-not-applicable")
     assert "auto" in body["detail"]

@@ -160,11 +160,8 @@ def test_no_respondent_finished_keeps_registry_order():
     assert all(c.accuracy is None for c in recommendation.candidates)
 
 
-def test_auto_with_no_applicable_policy_is_refused(monkeypatch):
+def test_auto_with_no_applicable_policy_is_refused(only_deterministic_policies):
     inst = likelihood_instance(1)
-    for name, policy in list(engine.POLICIES.items()):
-        if not policy.deterministic_only:
-            monkeypatch.delitem(engine.POLICIES, name)
     with pytest.raises(engine.PolicyNotApplicable, match="auto"):
         engine.recommend(inst)
 

@@ -132,6 +132,12 @@ LIMITS = [
     setting('evaluation_time_limit',
             'wall clock of one evaluate or tree request, checked at every run step, tree node and version space of the optimum',
             '422 `evaluation-limit` (the optimum alone: a note, the report still answered)'),
+    setting('auto_cpu_seconds',
+            "CPU time of the thread simulating what `auto` chooses for an instance and stop rules (once; then shared through the store), checked before each simulated step",
+            'never refused: the candidates are ranked on the respondents finished, and the evidence says so (`complete: false`)'),
+    setting('auto_respondents',
+            'simulated respondents of that simulation, each played by every applicable policy',
+            'the simulation ends there (`complete: true`)'),
     setting('evaluation_max_policy_cells',
             'n·N·(policies) of one evaluate request, before any work',
             '422 `evaluation-limit`'),
@@ -198,7 +204,7 @@ def _amount(name: str, value: object) -> str:
             if value >= size and value % size == 0:
                 return f"{value // size} {unit}"
         return f"{_grouped(value)} bytes"
-    if isinstance(value, (int, float)) and name.endswith(("_timeout", "_time_limit", "_ttl")):
+    if isinstance(value, (int, float)) and name.endswith(("_timeout", "_time_limit", "_ttl", "_seconds")):
         return f"{_grouped(value)} s"
     return _grouped(value) if isinstance(value, (int, float)) else str(value)
 
