@@ -21,7 +21,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("instance", type=Path, help="instance JSON file")
     parser.add_argument("--policy", default=None,
-                        help="policy name (default: hec for decision instances, ec2, or effecxtive for "
+                        help="policy name, or auto (default: hec for decision instances, ec2, or auto for "
                         "likelihood instances)")
     parser.add_argument("--format", choices=trees.FORMATS, default=None,
                         help="output format (default: from the -o suffix, else json)")
