@@ -158,3 +158,14 @@ def test_a_tenant_never_reads_another_tenants_choice(auto_config):
     name = app.extensions["edgecut"].sessions.auto.value_name(compile_wire(INSTANCE), engine.StopRules())
     assert store_of(app).get_value(name, "a") is not None
     assert store_of(app).get_value(name, "b") is None
+
+
+def test_a_stored_choice_that_does_not_decode_is_simulated_again(auto_config, caplog):
+    app = create_app(auto_config)
+    client = app.test_client()
+    instance_id = client.post("/v1/instances", json=INSTANCE).get_json()["instance_id"]
+    name = app.extensions["edgecut"].sessions.auto.value_name(compile_wire(INSTANCE), engine.StopRules())
+    store_of(app).put_value(name, b'{"policy": "gbs"}')  # damaged: no evidence
+    state = client.post("/v1/sessions", json={"instance_id": instance_id, "policy": "auto"}).get_json()
+    assert state["policy"] == expected().policy
+    assert "does not decode" in caplog.text
