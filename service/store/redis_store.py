@@ -106,6 +106,7 @@ from .base import (
 )
 from .cache import InstanceCache, RecordCache
 from .ratelimit import Rate, RedisLimiter
+from .records import decode_record, encode_record
 from .redis_client import COMMAND_TIMEOUT, LazyClient, connect, is_unavailable, redis_errors
 
 log = logging.getLogger(__name__)
@@ -179,10 +180,6 @@ local record = redis.call('HGET', KEYS[1], 'record')
 if record then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return record
 """
-
-_RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost", "confidence", "seed",
-                  "observations", "version", "created_at", "tenant", "max_expected_loss", "exclude_tests",
-                  "batch_size")
 
 
 class RedisStore(SessionStore):
@@ -389,7 +386,7 @@ class RedisStore(SessionStore):
                                           self._session_quota_ms, limit, 0, -1)
             if not admitted[0]:
                 raise QuotaExceeded("TENANT_MAX_SESSIONS", limit, admitted[2], f"has {admitted[2]} live sessions")
-        raw = _encode_record(record)
+        raw = encode_record(record)
         if self._compare_and_set(record, raw, expected_version=0) != 1:
             if limit is not None:
                 with self._guard():
@@ -434,7 +431,7 @@ class RedisStore(SessionStore):
         slid_at = 0.0 if seen is None else seen.quota_slid_at
         # Half the slack left as a margin for the round trip and the clocks.
         slide = self._counted("sessions") and now - slid_at >= self._quota_slack / 2
-        raw = _encode_record(record)
+        raw = encode_record(record)
         result = self._compare_and_set(record, raw, expected_version, started_from, slide_quota=slide)
         if result == 1:
             self.records.put(key, record, raw, now if slide else slid_at)
@@ -580,7 +577,7 @@ class RedisStore(SessionStore):
     def _remembered(self, key: str, raw: bytes, session_id: str, tenant: str, quota_slid_at: float) -> SessionRecord:
         """``raw`` read from ``key``, decoded and checked, and remembered as what is stored."""
         try:
-            record = _decode_record(raw, expires_at=time.time() + self.session_ttl)
+            record = decode_record(raw, expires_at=time.time() + self.session_ttl)
             if record.session_id != session_id or record.tenant != tenant:
                 raise CorruptRecord(f"the record under {key} names session {record.session_id!r} of {record.tenant!r}")
         except CorruptRecord:
@@ -696,54 +693,3 @@ def _part(text: str) -> str:
 
 
 _NEEDS_NO_QUOTING = re.compile(r"[A-Za-z0-9_.~@-]*")
-
-
-def _encode_record(record: SessionRecord) -> bytes:
-    # expires_at is not stored: the key's TTL is the truth, and leaving it out keeps a retried
-    # create byte-identical to the first.
-    fields = {name: getattr(record, name) for name in _RECORD_FIELDS}
-    return orjson.dumps(fields)
-
-
-_TEXT, _COUNT, _NUMBER = (str,), (int,), (int, float)
-# Field → the JSON types it may have (bool is an int in Python: refused separately).
-_RECORD_TYPES = {"session_id": _TEXT, "instance_id": _TEXT, "policy": _TEXT, "max_tests": _COUNT,
-                 "max_cost": _NUMBER, "confidence": _NUMBER, "seed": _COUNT, "observations": (list,),
-                 "version": _COUNT, "created_at": _NUMBER, "tenant": _TEXT, "max_expected_loss": _NUMBER,
-                 "exclude_tests": (list,), "batch_size": _COUNT}
-# May be null, or absent from records written before the field existed.
-_OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence", "max_expected_loss"}
-# Absent from records written before the field existed: read as these.
-_FIELD_DEFAULTS = {"exclude_tests": [], "batch_size": 1}
-
-
-def _decode_record(raw: bytes, expires_at: float) -> SessionRecord:
-    """The record, or :class:`CorruptRecord`: every field present with its type, so a damaged
-    record is refused here rather than failing somewhere in the step."""
-    try:
-        fields = orjson.loads(raw)
-    except orjson.JSONDecodeError as error:
-        raise CorruptRecord(f"session record is not JSON: {error}") from None
-    if not isinstance(fields, dict):
-        raise CorruptRecord("session record is not a JSON object")
-    decoded = {}
-    for name in _RECORD_FIELDS:
-        value = fields.get(name, _FIELD_DEFAULTS.get(name))
-        if value is None and name in _OPTIONAL_FIELDS:
-            decoded[name] = None
-            continue
-        if isinstance(value, bool) or not isinstance(value, _RECORD_TYPES[name]):
-            raise CorruptRecord(f"session record field {name!r} is missing or mistyped")
-        decoded[name] = value
-    observations = decoded["observations"]
-    # The outcome of a skipped test is null.
-    if not all(isinstance(o, list) and len(o) == 2 and isinstance(o[0], str) and (o[1] is None or isinstance(o[1], str))
-               for o in observations):
-        raise CorruptRecord("session record observations are not [test, outcome] pairs")
-    if decoded["version"] < 1:
-        raise CorruptRecord("session record version is below 1")
-    if not all(isinstance(t, str) for t in decoded["exclude_tests"]) or decoded["batch_size"] < 1:
-        raise CorruptRecord("session record exclude_tests / batch_size are mistyped")
-    decoded["observations"] = tuple((t, o) for t, o in observations)
-    decoded["exclude_tests"] = tuple(decoded["exclude_tests"])
-    return SessionRecord(**decoded, expires_at=expires_at)
