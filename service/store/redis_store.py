@@ -4,7 +4,7 @@ Key layout (``P`` is the configurable ``key_prefix``; tenant, session id and ide
 percent-encoded, so none of them can contain ``{``, ``}`` or ``:``)::
 
     P:{i:<tenant>:<content hash>}:instance  hash  header → JSON (codec.encode), body → raw arrays
-    P:{s:<tenant>:<session id>}:state       hash  version → "<n>", record → JSON SessionRecord
+    P:{s:<tenant>:<session id>}:state       hash  version → "<n>", record → JSON SessionRecord (records.py)
     P:{k:<tenant>:<idempotency key>}:idem   string  the session id the key is bound to
     P:{q:<tenant>}:<counted>:quota          zset / hash  the tenant's quota counters (one slot per tenant)
     P:{i:<tenant>:<content hash>}:gone      string  the instance was deleted (TTL: the instance's)
