@@ -126,6 +126,7 @@ def test_every_digest_is_compared_in_constant_time(monkeypatch):
 @pytest.mark.parametrize("config, message", [
     ({"api_keys": "short"}, "at least 16"),
     ({"api_keys": "bad tenant:" + "k" * 20}, "tenant"),
+    ({"api_keys": "alpha\n:" + "k" * 20}, "tenant"),  # a trailing newline is not part of a name
     ({"api_keys": f"a:{KEY_A},b:{KEY_A}"}, "more than once"),
     ({"api_keys": " , "}, "holds no key"),
     ({"api_keys_file": "/nonexistent/keys"}, "cannot read"),

@@ -24,8 +24,8 @@ from pathlib import Path
 from service.settings import ConfigurationError, Settings
 from service.store import DEFAULT_TENANT
 
-TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-HASHED = re.compile(r"^sha256:([0-9a-fA-F]{64})$")
+TENANT_PATTERN = re.compile(r"\A[A-Za-z0-9_.-]{1,64}\Z")
+HASHED = re.compile(r"\Asha256:([0-9a-fA-F]{64})\Z")
 # Plain keys shorter than this are refused at start: a guessable key is no key.
 MIN_KEY_LENGTH = 16
 REALM = "edgecut"

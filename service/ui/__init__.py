@@ -29,9 +29,9 @@ PAGE_BLUEPRINTS = (bp.name, DOCS_BLUEPRINT)
 # tree endpoint's own node limit (TREE_MAX_NODES) still bounds it.
 TREE_MAX_HYPOTHESES = 64
 DEFAULT_EXAMPLE = "triage"
-EXAMPLE_NAME = re.compile(r"^[a-z0-9_]{1,64}$")
-OBSERVATIONS_PATH = re.compile(r"^/v1/sessions/\{[^}]+\}/observations$")
-CORRECTIONS_PATH = re.compile(r"^/v1/sessions/\{[^}]+\}/observations/\{[^}]+\}$")
+EXAMPLE_NAME = re.compile(r"\A[a-z0-9_]{1,64}\Z")
+OBSERVATIONS_PATH = re.compile(r"\A/v1/sessions/\{[^}]+\}/observations\Z")
+CORRECTIONS_PATH = re.compile(r"\A/v1/sessions/\{[^}]+\}/observations/\{[^}]+\}\Z")
 
 
 # Only this service's own scripts, styles and images: a label in an instance can never run as
