@@ -63,7 +63,7 @@ def _assert_unavailable_fast(client, sid: str, instance_id: str) -> None:
         assert int(response.headers["Retry-After"]) >= 1
     response, elapsed = timed(lambda: client.get("/healthz"))
     assert response.status_code == 200 and elapsed < 0.5
-    # An instance summary needs no Redis while this worker holds the instance in its cache.
+    # An instance summary needs no Redis while this worker holds the instance (and auto's choice).
     response, elapsed = timed(lambda: client.get(f"/v1/instances/{instance_id}"))
     assert response.status_code == 200 and elapsed < 0.5
 
@@ -79,6 +79,9 @@ def test_redis_outage_fails_fast_then_recovers_without_restart(tmp_path, fault):
         instance_id = client.post("/v1/instances", json=ladder(4)).get_json()["instance_id"]
         sid = client.post("/v1/sessions", json={"instance_id": instance_id}).get_json()["session_id"]
         assert client.post(f"/v1/sessions/{sid}/observations", json={"test": "t0", "outcome": "0"}).status_code == 200
+        # The summary carries what auto resolves to, shared through the store: read once, this
+        # worker keeps it beside the instance.
+        assert client.get(f"/v1/instances/{instance_id}").status_code == 200
 
         if fault == "stopped":
             server.stop()  # connections refused

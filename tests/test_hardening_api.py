@@ -123,7 +123,7 @@ CORRUPT_RECORDS = {
 
 
 def test_every_stored_record_field_has_a_checked_type():
-    from service.store.redis_store import _RECORD_FIELDS, _RECORD_TYPES
+    from service.store.records import _RECORD_FIELDS, _RECORD_TYPES
 
     assert set(_RECORD_TYPES) == set(_RECORD_FIELDS)
 
