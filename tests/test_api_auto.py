@@ -105,7 +105,7 @@ def test_auto_with_no_applicable_policy_is_refused_and_stores_nothing(client, on
     body = assert_problem(client.post("/v1/sessions", json={"instance": INSTANCE, "policy": "auto"}),
                           422, "policy-not-applicable")
     assert "auto" in body["detail"]
-    assert_problem(client.post("/v1/select", json={"instance": INSTANCE}), 422, "policy-not-applicable")
+    assert_problem(client.post("/v1/select", json={"instance": INSTANCE, "policy": "auto"}), 422, "policy-not-applicable")
     assert client.post("/v1/instances", json=INSTANCE).status_code == 201  # the session stored none
 
 

@@ -74,7 +74,7 @@ def test_policy_and_stop_rules_are_applied(client):
     budget = new_session(client, max_cost=1.5)  # the ECG (cost 2) is beyond it; troponin informs
     assert budget["next_test"]["id"] == "troponin"
     noisy = new_session(client, NOISY)
-    assert noisy["policy"] == "effecxtive" and noisy["version_space_size"] is None
+    assert noisy["policy"] == "infogain" and noisy["version_space_size"] is None
     assert noisy["class_posterior"] == pytest.approx({"well": 0.5, "ill": 0.5})
     # By hand: P(well | pos) = 0.5·0.1 / (0.5·0.1 + 0.5·0.8) = 1/9.
     after = observe(client, noisy["session_id"], {"test": "swab", "outcome": "pos"}).get_json()

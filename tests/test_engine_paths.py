@@ -195,7 +195,8 @@ def test_the_padded_table_of_a_whole_version_space_is_kept_counted_and_holds_eac
                                    class_labels=tuple(f"c{c}" for c in range(16)), prior=np.full(64, 1 / 64))
         assert inst.uses_padded_answers
         counted_before = inst.derived_nbytes
-        engine.next_step(inst, [])
+        # A policy that reads Σ_i a² per outcome: its dense pass is what lays the rows out by class.
+        engine.next_step(inst, [], "ec2" if kind == "deterministic" else "effecxtive")
         padded = inst.__dict__["padded_answers"]  # built by the step, not by this read
         assert counted_before >= padded.nbytes + inst.log_prior.nbytes
         answers = (inst.outcomes[:, None, :] == np.arange(inst.max_outcomes)[:, None] if kind == "deterministic"
