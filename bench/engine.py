@@ -52,7 +52,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service import engine  # noqa: E402
-from service.engine import belief as belief_module  # noqa: E402
+from service.engine import alpha as alpha_module  # noqa: E402
 
 N_CLASSES = 20
 SIZES = [(1_000, 100), (10_000, 1_000), (100_000, 1_000)]
@@ -133,13 +133,13 @@ def median_ms(fn, rounds: int) -> float:
 @contextmanager
 def engine_split(enabled: bool):
     """The engine's two-thread split of big batches on (its default) or off."""
-    saved = belief_module._PARALLEL_CELLS
+    saved = alpha_module._PARALLEL_CELLS
     if not enabled:
-        belief_module._PARALLEL_CELLS = 1 << 62
+        alpha_module._PARALLEL_CELLS = 1 << 62
     try:
         yield
     finally:
-        belief_module._PARALLEL_CELLS = saved
+        alpha_module._PARALLEL_CELLS = saved
 
 
 # --- floors ------------------------------------------------------------------------------

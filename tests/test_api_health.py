@@ -74,12 +74,12 @@ def test_warm_up_with_the_store_unreachable_neither_raises_nor_changes_readiness
 def test_rehearse_runs_the_engines_streamed_and_likelihood_passes_and_counts_nothing(monkeypatch, caplog):
     from prometheus_client import REGISTRY
 
-    from service.engine import belief
+    from service.engine import alpha
 
     ran = []
     for name in ("_classes_alpha", "_dense_stats"):
-        real = getattr(belief, name)
-        monkeypatch.setattr(belief, name, lambda *a, _real=real, _name=name, **k: ran.append(_name) or _real(*a, **k))
+        real = getattr(alpha, name)
+        monkeypatch.setattr(alpha, name, lambda *a, _real=real, _name=name, **k: ran.append(_name) or _real(*a, **k))
     counted = ("edgecut_sessions_created_total", "edgecut_observations_applied_total",
                "edgecut_selection_duration_seconds_count")
     before = [REGISTRY.get_sample_value(name) for name in counted]

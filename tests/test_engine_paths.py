@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from service import engine
+from service.engine import alpha as alpha_module
 from service.engine import belief as belief_module
+from service.engine import compiled as compiled_module
 from service.engine.belief import xlog2x
 from service.engine.compiled import class_runs
 from service.store.cache import resident_bytes
@@ -120,7 +122,7 @@ def assert_stats_match_definition(belief: engine.Belief, wanted: frozenset[str],
 @pytest.mark.parametrize("own_classes", [True, False], ids=["class=hypothesis", "classes"])
 def test_every_path_gives_the_statistics_of_alpha_by_its_definition(path, kind, own_classes, monkeypatch):
     for name, value in PATHS[path].items():
-        monkeypatch.setattr(belief_module, name, value)
+        monkeypatch.setattr(alpha_module, name, value)
     rng = np.random.default_rng([sorted(PATHS).index(path), kind == "deterministic", own_classes])
     for case in range(25):
         inst = random_instance(rng, kind, own_classes)
@@ -146,8 +148,8 @@ def test_the_bit_planes_serve_full_version_spaces_of_singletons_and_the_blocks_t
     rng = np.random.default_rng(3)
     inst = random_instance(rng, "deterministic", True, n=3000, n_tests=60)
     calls = []
-    add_bit_planes = belief_module._Sums.add_bit_planes
-    monkeypatch.setattr(belief_module._Sums, "add_bit_planes",
+    add_bit_planes = alpha_module._Sums.add_bit_planes
+    monkeypatch.setattr(alpha_module._Sums, "add_bit_planes",
                         lambda self, *args: calls.append(args) or add_bit_planes(self, *args))
     full = engine.observe(inst, [])
     full.outcome_stats({"sum_sq"})
@@ -228,16 +230,16 @@ def test_sums_over_runs_of_rows_equal_the_sums_by_definition():
     # Runs of one row, of a few, and beyond the position-by-position length, in every order.
     rng = np.random.default_rng(12)
     for _ in range(200):
-        lengths = rng.choice([1, 1, 2, 3, 5, belief_module._SHORT_RUN, belief_module._SHORT_RUN + 1, 20],
+        lengths = rng.choice([1, 1, 2, 3, 5, compiled_module._SHORT_RUN, compiled_module._SHORT_RUN + 1, 20],
                              size=int(rng.integers(1, 12)))
         firsts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
         values = rng.random((int(lengths.sum()), 7))
         expected = np.array([values[f:f + n].sum(axis=0) for f, n in zip(firsts, lengths)])
-        np.testing.assert_allclose(belief_module.sum_runs(values, firsts), expected, rtol=1e-14, atol=0)
+        np.testing.assert_allclose(compiled_module.sum_runs(values, firsts), expected, rtol=1e-14, atol=0)
         # Some of the runs only, each row weighted: rows outside them are not read.
         chosen = rng.random(len(firsts)) < 0.5
         weight = rng.random(len(values))
         values[np.repeat(~chosen, lengths)] = np.nan
         weighted = np.array([weight[f:f + n] @ values[f:f + n] for f, n in zip(firsts[chosen], lengths[chosen])])
-        np.testing.assert_allclose(belief_module.sum_runs(values, firsts[chosen], lengths[chosen], weight),
+        np.testing.assert_allclose(compiled_module.sum_runs(values, firsts[chosen], lengths[chosen], weight),
                                    weighted.reshape(-1, 7), rtol=1e-14, atol=0)

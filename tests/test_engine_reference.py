@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from service import engine
 from service.engine import StopReason, StopRules
-from service.engine import belief as belief_module
+from service.engine import alpha as alpha_module
 from service.engine import statistics as statistics_module
 
 from tests import reference as ref
@@ -40,7 +40,7 @@ def random_case(seed: int, kind: str):
     return model, observations
 
 
-# Small beliefs build α whole (belief._dense_stats); bigger ones stream it, and stream singleton
+# Small beliefs build α whole (alpha._dense_stats); bigger ones stream it, and stream singleton
 # classes of a deterministic instance from the answers' bit planes when enough of the hypotheses
 # are alive. The reference's instances are small, so each agreement test runs them all: as they
 # come, whole with the classes' rows padded to the longest class, streamed by cast-and-GEMV
@@ -54,7 +54,7 @@ STATISTICS_PATHS = {"dense": {},
 @pytest.fixture(params=sorted(STATISTICS_PATHS))
 def statistics_path(request, monkeypatch):
     for name, value in STATISTICS_PATHS[request.param].items():
-        monkeypatch.setattr(belief_module, name, value)
+        monkeypatch.setattr(alpha_module, name, value)
     return request.param
 
 
@@ -552,21 +552,21 @@ def test_big_and_small_classes_mixed_agree_with_the_reference(kind, policy, sett
     for seed in range(30):
         model, observations, sizes = mixed_classes_case(20_000 + seed, kind)
         if setting == "dense, padded runs":
-            monkeypatch.setattr(belief_module, "_PADDED_RUNS", 1)
-            monkeypatch.setattr(belief_module, "_PADDED_GROWTH", math.inf)
+            monkeypatch.setattr(alpha_module, "_PADDED_RUNS", 1)
+            monkeypatch.setattr(alpha_module, "_PADDED_GROWTH", math.inf)
         if setting == "dense, per-class sums":
-            monkeypatch.setattr(belief_module, "_PADDED_RUNS", math.inf)
-            monkeypatch.setattr(belief_module, "_DENSE_FLOPS", 0)
+            monkeypatch.setattr(alpha_module, "_PADDED_RUNS", math.inf)
+            monkeypatch.setattr(alpha_module, "_DENSE_FLOPS", 0)
         if PATH_SETTINGS[setting] is not None:
             small, block, parallel = PATH_SETTINGS[setting]
-            monkeypatch.setattr(belief_module, "_DENSE_CELLS", 0)
+            monkeypatch.setattr(alpha_module, "_DENSE_CELLS", 0)
             if small is not None:
-                monkeypatch.setattr(belief_module, "_SMALL_CLASS_CELLS", small * model.n_tests)
-                monkeypatch.setattr(belief_module, "_BLOCK_CELLS", block * model.n_tests)
+                monkeypatch.setattr(alpha_module, "_SMALL_CLASS_CELLS", small * model.n_tests)
+                monkeypatch.setattr(alpha_module, "_BLOCK_CELLS", block * model.n_tests)
                 # ECED's pass over the likelihood ratios: blocks of a row or a few, classes cut.
                 monkeypatch.setattr(statistics_module, "_RATIO_BLOCK_CELLS", block * model.n_tests)
             if parallel is not None:
-                monkeypatch.setattr(belief_module, "_PARALLEL_CELLS", parallel)
+                monkeypatch.setattr(alpha_module, "_PARALLEL_CELLS", parallel)
         compared += compare_with_reference(model, observations, policy, f"seed {seed}, {policy}, sizes {sizes}")[2]
     assert compared >= 12, f"only {compared} instances were scored"
 
@@ -595,7 +595,7 @@ def test_streamed_statistics_equal_the_dense_alpha_at_the_default_block_sizes(ki
         observations = [("t0", "b"), ("t1", "a")]
     inst = compile_wire(payload)
     belief = engine.observe(inst, engine.parse_observations(inst, observations))
-    monkeypatch.setattr(belief_module, "_DENSE_CELLS", 0)
+    monkeypatch.setattr(alpha_module, "_DENSE_CELLS", 0)
     stats = belief.outcome_stats()
 
     if kind == "deterministic":
@@ -606,7 +606,7 @@ def test_streamed_statistics_equal_the_dense_alpha_at_the_default_block_sizes(ki
     np.add.at(alpha, inst.class_index[belief.alive], belief.mass[:, None, None] * per_hypothesis)
     a = alpha / belief.total_mass
     dense = {"p": a.sum(axis=0), "sum_sq": (a * a).sum(axis=0),
-             "sum_xlogx": belief_module.xlog2x(a).sum(axis=0), "max": a.max(axis=0)}
+             "sum_xlogx": alpha_module.xlog2x(a).sum(axis=0), "max": a.max(axis=0)}
     for name, expected in dense.items():
         got = getattr(stats, name)
         assert got.shape == (n_tests, width)

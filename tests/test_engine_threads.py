@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from service import engine
-from service.engine import belief as belief_module
+from service.engine import alpha as alpha_module
 from tests.builders import compile_wire
 
 
@@ -27,9 +27,9 @@ def big_classes_instance(seed: int = 0) -> engine.CompiledInstance:
 @pytest.mark.parametrize("policy", ["ec2", "effecxtive", "infogain", "voi"])
 def test_split_steps_equal_one_thread_steps(policy, monkeypatch):
     inst = big_classes_instance()
-    monkeypatch.setattr(belief_module, "_PARALLEL_CELLS", 1 << 62)
+    monkeypatch.setattr(alpha_module, "_PARALLEL_CELLS", 1 << 62)
     serial = engine.next_step(inst, [], policy)  # all alive: every class is big
-    monkeypatch.setattr(belief_module, "_PARALLEL_CELLS", 0)
+    monkeypatch.setattr(alpha_module, "_PARALLEL_CELLS", 0)
     split = engine.next_step(inst, [], policy)
     assert split.next_test == serial.next_test
     np.testing.assert_allclose(split.scores, serial.scores, rtol=1e-12, equal_nan=True)
@@ -37,7 +37,7 @@ def test_split_steps_equal_one_thread_steps(policy, monkeypatch):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_can_split_steps_after_its_parent_did(monkeypatch):
-    monkeypatch.setattr(belief_module, "_PARALLEL_CELLS", 0)
+    monkeypatch.setattr(alpha_module, "_PARALLEL_CELLS", 0)
     inst = big_classes_instance()
     expected = engine.next_step(inst, [], "ec2").scores  # the parent's helper thread now exists
     pid = os.fork()

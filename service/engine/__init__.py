@@ -11,7 +11,8 @@ Typical use::
 """
 
 from .belief import SKIPPED, Belief, Observation, OutcomeStats, observe, parse_observations
-from .compiled import CompiledInstance, compile_instance, count_noisy_copies, log_p_min_bound
+from .compilation import compile_instance, count_noisy_copies
+from .compiled import CompiledInstance, log_p_min_bound
 from .errors import (
     ConflictingObservation,
     EngineError,

@@ -4,7 +4,7 @@ Every policy reads p(x) = P(X_t = x | x_A) and the class posterior b, which are 
 and declares the rest in ``Policy.statistics``:
 
 * the reductions over classes of the masses α (:data:`~.belief.CLASS_REDUCTIONS`: Σ_i a²,
-  Σ_i a log a, max_i a), computed together by belief.py's one pass over the alive cells;
+  Σ_i a log a, max_i a), computed together by alpha.py's one pass over the alive cells;
 * the statistics of :data:`STATISTICS`, each computed on request by its own function of the
   belief, and found in ``OutcomeStats.derived`` under its name.
 
@@ -20,8 +20,9 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from .belief import CLASS_REDUCTIONS, Belief, OutcomeStats, reduce_over_classes, sum_runs, xlog2x
-from .compiled import CompiledInstance
+from .alpha import reduce_over_classes
+from .belief import CLASS_REDUCTIONS, Belief, OutcomeStats, xlog2x
+from .compiled import CompiledInstance, sum_runs
 from .regions import PowerSums, power_sums, region_sets
 
 

@@ -10,9 +10,8 @@ from .report import (
     PolicyEvaluation,
     default_policies,
     evaluate,
-    format_recommendation,
-    format_tables,
     work_units,
 )
+from .tables import format_recommendation, format_tables
 
 __all__ = [name for name in dir() if not name.startswith("_")]
