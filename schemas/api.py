@@ -12,25 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt
 
 from .instance import Instance, Label, Labels
 
-# The responses live in .responses, which loads no numpy (the client imports only them); they are
-# part of this contract and imported from here by the service.
-from .responses import (  # noqa: F401
-    AutoBudget,
-    AutoCandidate,
-    AutoChoice,
-    Candidate,
-    DecisionOut,
-    HistoryEntry,
-    InstanceDetail,
-    InstanceList,
-    InstanceListItem,
-    InstanceSummary,
-    NextTest,
-    Problem,
-    ProblemError,
-    SessionState,
-    StepState,
-)
 
 InstanceId = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the compiled content")]
 MAX_OBSERVATIONS_PER_REQUEST = 10_000

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from api_support import assert_problem, store_of
-from schemas.api import InstanceDetail
+from schemas.responses import InstanceDetail
 from service import engine
 from service.app import create_app
 from tests import reference as ref

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from api_support import NOISY, QUAD, TRIAGE, Delegating, assert_problem, new_session, observe, stored
-from schemas.api import SessionState, StepState
+from schemas.responses import SessionState, StepState
 from service import engine
 from service.app import create_app
 from service.sessions.state import Step, step_of

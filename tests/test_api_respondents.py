@@ -420,7 +420,7 @@ def test_deleting_an_instance_leaves_other_tenants_alone(app_config):
 
 
 def test_bodies_with_skips_and_pages_are_exactly_their_wire_models(client):
-    from schemas.api import SessionState, StepState
+    from schemas.responses import SessionState, StepState
 
     state = new_session(client, {**QUAD, "skip_cost": "charged"}, batch_size=3)
     state = observe(client, state["session_id"], {"observations": [{"test": "a", "skip": True},

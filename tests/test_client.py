@@ -22,7 +22,7 @@ from edgecut.client import retry_after_seconds
 import api_support
 from conftest import RedisServer, free_port
 from live_server import EdgecutServe, LiveServer
-from schemas.api import SessionState
+from schemas.responses import SessionState
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIAGE = json.loads((ROOT / "examples" / "triage" / "instance.json").read_text())

@@ -26,17 +26,12 @@ from service.ui import PAGE_BLUEPRINTS
 
 from schemas.api import (
     EvaluateRequest,
-    InstanceDetail,
-    InstanceList,
-    InstanceSummary,
     ObservationCorrection,
     ObservationsRequest,
-    Problem,
     SelectRequest,
     SessionCreate,
-    SessionState,
-    StepState,
 )
+from schemas.responses import InstanceDetail, InstanceList, InstanceSummary, Problem, SessionState, StepState
 from schemas.instance import LABEL_MAX_LENGTH, Instance
 
 from service.engine import POLICIES, policy_names

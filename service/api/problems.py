@@ -13,7 +13,7 @@ import logging
 from flask import Flask, Response, g, has_request_context, request
 from werkzeug.exceptions import HTTPException
 
-from schemas.api import Problem
+from schemas.responses import Problem
 from service.engine import EngineError
 from service.errors import ServiceError
 from service.store import QuotaExceeded, StoreFull, StoreUnavailable

@@ -13,16 +13,8 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 
-from schemas.api import (
-    AutoChoice,
-    InstanceDetail,
-    InstanceList,
-    InstanceSummary,
-    ObservationCorrection,
-    SelectRequest,
-    SessionCreate,
-    StepConfig,
-)
+from schemas.api import ObservationCorrection, SelectRequest, SessionCreate, StepConfig
+from schemas.responses import AutoChoice, InstanceDetail, InstanceList, InstanceSummary
 from schemas.instance import Instance
 from service import engine
 from service.auto import AutoChoices
