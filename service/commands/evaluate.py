@@ -126,11 +126,7 @@ def run(args: argparse.Namespace) -> int:
     except (CommandError, MissingExtra, engine.EngineError) as error:
         print(f"edgecut: error: {error}", file=sys.stderr)
         return 2
-    if args.format == "json":
-        json.dump(report.to_dict(), sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(format_tables(report, markdown=args.format == "markdown"))
+    _write(args.format, report, format_tables)
     if args.plot is not None:
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
@@ -146,9 +142,15 @@ def _recommend(args: argparse.Namespace) -> int:
     except (CommandError, engine.EngineError) as error:
         print(f"edgecut: error: {error}", file=sys.stderr)
         return 2
-    if args.format == "json":
-        json.dump(recommendation.to_dict(), sys.stdout, indent=1)
+    _write(args.format, recommendation, format_recommendation)
+    return 0
+
+
+def _write(output_format: str, result, as_text) -> None:
+    """``result`` (a report or a recommendation) on standard output: its JSON, or ``as_text`` of
+    it as Markdown tables or aligned columns."""
+    if output_format == "json":
+        json.dump(result.to_dict(), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(format_recommendation(recommendation, markdown=args.format == "markdown"))
-    return 0
+        sys.stdout.write(as_text(result, markdown=output_format == "markdown"))
