@@ -132,17 +132,6 @@ class Runs:
     step_seconds: list[float] = field(default_factory=list)
 
 
-def applicable(inst: engine.CompiledInstance) -> list[engine.Policy]:
-    """Every registered policy that applies to ``inst``, in registry order."""
-    out = []
-    for name in engine.POLICIES:
-        try:
-            out.append(engine.resolve_policy(inst, name))
-        except engine.PolicyNotApplicable:
-            continue
-    return out
-
-
 def is_right(inst: engine.CompiledInstance, belief: engine.Belief, respondent: Respondent) -> bool:
     """The MAP class is the respondent's class (decision instances: the decision the run would
     report is acceptable to its true hypothesis)."""
@@ -204,7 +193,7 @@ def run_instance(spec: Spec, quick: bool, only: set[str] | None, progress: Calla
     parts = spec.build(quick)
     build_seconds = time.perf_counter() - started
     inst0 = parts[0].instance
-    names = [p.name for p in applicable(inst0) if only is None or p.name in only]
+    names = [p.name for p in engine.applicable_policies(inst0) if only is None or p.name in only]
     runs = {name: Runs() for name in names}
     auto_picks = []
     for part in parts:
