@@ -43,6 +43,8 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 from .arrays import EncodedArray
 
 LABEL_MAX_LENGTH = 200
+# Display text (a question, an answer's wording) is for people, not an id: longer than a label.
+TEXT_MAX_LENGTH = 2000
 LIKELIHOOD_TOLERANCE = 1e-6
 # HEC sums over every set of decisions some hypothesis accepts (2^|acceptable| per distinct row),
 # so one hypothesis may accept at most this many; the number of decisions is bounded the same way.
@@ -82,6 +84,7 @@ Label = Annotated[LabelText, BeforeValidator(_label_from_int)]
 # A list of labels: integers become their decimal strings as for one label, the list at once.
 Labels = Annotated[list[LabelText], BeforeValidator(_labels_from_ints)]
 Number = StrictFloat | StrictInt
+DisplayText = Annotated[str, Field(min_length=1, max_length=TEXT_MAX_LENGTH)]
 
 
 def _array_form(value: Any) -> str:
@@ -126,6 +129,10 @@ class TestSpec(_Wire):
     # May be asked again in a session, each answer a new independent observation (likelihood
     # instances only: a deterministic answer cannot change, so asking twice tells nothing).
     repeatable: StrictBool = False
+    # What people are shown: the question, and a wording per outcome label (keys among
+    # ``outcomes``, which must then be listed). Clients fall back to the id and the labels.
+    text: DisplayText | None = None
+    outcome_text: dict[Label, DisplayText] | None = None
 
 
 class HypothesisSpec(_Wire):

@@ -88,6 +88,10 @@ class NextTest(_Response):
     id: str
     cost: float
     outcomes: list[str]
+    # Only when the instance gives them (left out of the JSON otherwise): the question to show,
+    # and the wording of those outcomes that have one.
+    text: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    outcome_text: dict[str, str] | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class HistoryEntry(_Response):

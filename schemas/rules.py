@@ -108,6 +108,7 @@ def _check_tests(inst: Instance) -> list[Problem]:
                 label for label, count in Counter(test.outcomes).items() if count > 1]
             if dupes:
                 problems.append((("tests", i, "outcomes"), f"duplicate outcome labels {_labels_in_message(dupes)}"))
+        problems += _check_outcome_text(test, i)
         if test.error_rate is not None and not (_finite(test.error_rate) and 0 <= test.error_rate < 1):
             problems.append((("tests", i, "error_rate"), "error_rate must be in [0, 1)"))
         if len(problems) > MAX_PROBLEMS:
@@ -116,6 +117,16 @@ def _check_tests(inst: Instance) -> list[Problem]:
         problems.append((("tests",), f"the costs sum to more than {MAX_TOTAL_COST:g}; scale them (and "
                                      "max_cost) down"))
     return problems
+
+
+def _check_outcome_text(test, i: int) -> list[Problem]:
+    if test.outcome_text is None:
+        return []
+    if test.outcomes is None:
+        return [(("tests", i, "outcome_text"), "outcome_text needs the test's outcomes listed in 'outcomes'")]
+    allowed = set(test.outcomes)
+    return [(("tests", i, "outcome_text", label), f"'{label}' is not one of the test's outcomes "
+             f"{_labels_in_message(allowed)}") for label in test.outcome_text if label not in allowed]
 
 
 def _check_prior_values(values: list[tuple[Loc, float]], where: Loc) -> list[Problem]:

@@ -213,6 +213,26 @@ def test_pasted_json_is_posted_and_its_problems_shown(open_page, served):
     assert "1 hypothesis still possible" in page.text_content("#stats")
 
 
+@browser_needed
+def test_display_text_is_shown_and_the_label_posted(open_page, served):
+    page = open_page
+    page.goto(served.url + "/ui")
+    worded = {"tests": [{"id": "q", "outcomes": ["no", "yes"], "text": "Any <b>fever</b>?",
+                         "outcome_text": {"yes": "Yes, since this morning"}}],
+              "hypotheses": [{"id": "h1", "class": "A", "outcomes": {"q": "no"}},
+                             {"id": "h2", "class": "B", "outcomes": {"q": "yes"}}]}
+    page.fill("#instance-json", json.dumps(worded))
+    page.get_by_role("button", name="Post instance").click()
+    page.wait_for_selector("#next:not([hidden])")
+    assert page.text_content("#next-test") == "q"
+    assert page.text_content("#next-text") == "Any <b>fever</b>?"  # text, never markup
+    assert [page.text_content(f'#outcomes button[data-outcome="{label}"]') for label in ("no", "yes")] == \
+        ["no", "Yes, since this morning"]
+    page.click('#outcomes button[data-outcome="yes"]')
+    page.wait_for_selector("#stop-banner:not([hidden])")
+    assert "Result: class B" in page.text_content("#stop-banner")
+
+
 def start_the_triage_example(page, url: str) -> dict:
     """Start a session on the shipped triage example; return its state as the API holds it."""
     page.goto(url + "/ui")

@@ -193,11 +193,22 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
         repeatable=np.array([t.repeatable for t in instance.tests]) if any(t.repeatable for t in instance.tests)
         else None,
         skip_charged=instance.skip_cost == "charged",
+        **display_text(instance, outcome_labels),
     )
     if acceptable is not None:
         check_decision_work(acceptable, n_tests, compiled.max_outcomes, max_cells)
     object.__setattr__(compiled, "warnings", tuple(_warnings(compiled, same_rows)))
     return compiled
+
+
+def display_text(instance: Instance, outcome_labels) -> dict:
+    """The tests' and outcomes' display text, aligned with the test ids and outcome labels (the
+    keys of :class:`CompiledInstance`'s fields); nothing when no test has any."""
+    if not any(t.text is not None or t.outcome_text for t in instance.tests):
+        return {}
+    return {"test_text": tuple(t.text for t in instance.tests),
+            "outcome_text": tuple(tuple((t.outcome_text or {}).get(label) for label in labels)
+                                  for t, labels in zip(instance.tests, outcome_labels))}
 
 
 def _decision_arrays(instance: Instance) -> tuple[tuple[str, ...], np.ndarray | None, np.ndarray | None]:

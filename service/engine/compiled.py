@@ -8,6 +8,7 @@ Everything after compilation works on :class:`CompiledInstance` only and assumes
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -67,6 +68,10 @@ class CompiledInstance:
     repeatable: np.ndarray | None = None  # (N,) bool
     # Whether a skipped test's cost counts towards the cost spent.
     skip_charged: bool = False
+    # What people are shown, per test (None: its id), and per outcome label (None: the label);
+    # both None when no test has any. The engine never reads them.
+    test_text: tuple[str | None, ...] | None = None
+    outcome_text: tuple[tuple[str | None, ...], ...] | None = None
 
     @property
     def kind(self) -> str:
@@ -332,6 +337,8 @@ class CompiledInstance:
             put(b"repeatable" + np.flatnonzero(self.repeatable_tests).astype("<i8").tobytes())
         if self.skip_charged:
             put(b"skip_cost=charged")
+        if self.test_text is not None:  # what a client shows is part of what was posted
+            put(b"text" + json.dumps([self.test_text, self.outcome_text], ensure_ascii=False).encode())
         return digest.hexdigest()
 
 

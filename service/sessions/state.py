@@ -147,8 +147,8 @@ def step_state(compiled: engine.CompiledInstance, policy: str, decision: engine.
     posterior = belief.class_posterior
     # Most probable first, ties in instance order; the classes of probability 0 sort last and are left out.
     order = np.argsort(-posterior, kind="stable")[:np.count_nonzero(posterior)]
-    labels, tests, costs = compiled.class_labels, compiled.test_ids, compiled.costs
-    next_tests = [_next_test(tests[t], float(costs[t]), compiled.outcome_labels[t]) for t in decision.batch]
+    labels = compiled.class_labels
+    next_tests = [next_test(compiled, t) for t in decision.batch]
     decision_out, decision_posterior = decision_fields(compiled, belief)
     return StepState(
         policy=policy,
@@ -186,9 +186,19 @@ def _skipped(test: str, cost: float) -> HistoryEntry:
     return HistoryEntry(test=test, skipped=True, cost=cost)
 
 
+def next_test(compiled: engine.CompiledInstance, t: int) -> NextTest:
+    """Test ``t`` as a step proposes it, with its display text when the instance has any."""
+    text = None if compiled.test_text is None else (compiled.test_text[t], compiled.outcome_text[t])
+    return _next_test(compiled.test_ids[t], float(compiled.costs[t]), compiled.outcome_labels[t], text)
+
+
 @lru_cache(maxsize=WIRE_PARTS_CACHED)
-def _next_test(test: str, cost: float, outcomes: tuple[str, ...]) -> NextTest:
-    return NextTest(id=test, cost=cost, outcomes=list(outcomes))
+def _next_test(test: str, cost: float, outcomes: tuple[str, ...],
+               text: tuple[str | None, tuple[str | None, ...]] | None) -> NextTest:
+    if text is None:
+        return NextTest(id=test, cost=cost, outcomes=list(outcomes))
+    worded = {label: wording for label, wording in zip(outcomes, text[1]) if wording is not None}
+    return NextTest(id=test, cost=cost, outcomes=list(outcomes), text=text[0], outcome_text=worded or None)
 
 
 def decision_fields(compiled: engine.CompiledInstance,

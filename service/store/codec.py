@@ -124,6 +124,8 @@ def _header(instance: CompiledInstance, parts: list[tuple[str, str, list[int], n
         header["repeatable"] = np.flatnonzero(instance.repeatable_tests).tolist()
     if instance.skip_charged:
         header["skip_cost"] = "charged"
+    if instance.test_text is not None:
+        header["test_text"], header["outcome_text"] = instance.test_text, instance.outcome_text
     return header
 
 
@@ -152,6 +154,7 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         kind, stated_hash, descriptors = header["kind"], header["content_hash"], header["arrays"]
         repeatable_indices = header.get("repeatable", [])
         skip_cost = header.get("skip_cost", "free")
+        test_text, outcome_text = _display_text(header, outcome_labels)
     except (KeyError, TypeError) as exc:
         raise CorruptInstance(f"instance header lacks or mistypes a field: {exc}") from None
     if expected_hash is not None and stated_hash != expected_hash:
@@ -253,12 +256,28 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         loss=arrays.get("loss"),
         repeatable=repeatable,
         skip_charged=skip_cost == "charged",
+        test_text=test_text,
+        outcome_text=outcome_text,
     )
     if checksum is not None:
         instance.__dict__["content_hash"] = stated_hash  # vouched for by the checksum
     elif instance.content_hash != stated_hash:
         raise CorruptInstance(f"instance bytes hash to {instance.content_hash}, the header says {stated_hash}")
     return instance
+
+
+def _display_text(header: dict, outcome_labels: tuple[tuple[str, ...], ...]):
+    """The header's display text (absent: None, None), each list as long as what it names."""
+    if "test_text" not in header:
+        return None, None
+    tests, outcomes = header["test_text"], header["outcome_text"]
+    texts = (str, type(None))
+    if (not isinstance(tests, list) or len(tests) != len(outcome_labels) or not set(map(type, tests)) <= set(texts)
+            or not isinstance(outcomes, list) or len(outcomes) != len(outcome_labels)
+            or not all(isinstance(o, list) and len(o) == len(labels) and set(map(type, o)) <= set(texts)
+                       for o, labels in zip(outcomes, outcome_labels))):
+        raise TypeError("display text does not match the tests and their outcomes")
+    return tuple(tests), tuple(map(tuple, outcomes))
 
 
 def _label_lists(value) -> tuple[tuple[str, ...], ...]:

@@ -222,8 +222,14 @@ function show(state, etag) {
   if (next) {
     $("next-test").textContent = next.id;
     $("next-cost").textContent = `cost ${fmt(next.cost)}`;
+    // The instance's display text when it gives one: the question, and each answer's wording
+    // (the button still carries the outcome label it posts).
+    $("next-text").textContent = next.text || "";
+    $("next-text").hidden = !next.text;
+    const wording = next.outcome_text || {};
     const buttons = next.outcomes.map((outcome) =>
-      el("button", { type: "button", className: "outcome", "data-outcome": outcome, onclick: () => observe(next.id, outcome) }, outcome));
+      el("button", { type: "button", className: "outcome", "data-outcome": outcome, title: outcome, onclick: () => observe(next.id, outcome) },
+        wording[outcome] || outcome));
     if (CONFIG.features.skip) {
       buttons.push(el("button", { type: "button", className: "skip", onclick: () => skip(next.id) }, "Skip"));
     }
