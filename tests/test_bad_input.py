@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from werkzeug.exceptions import HTTPException
 
 from api_support import QUAD, TRIAGE, assert_problem
 from schemas.instance import Instance
@@ -246,12 +247,33 @@ CATALOGUE = [
     Bad("list with a forged cursor", "/v1/instances?cursor=../x", None, 400, "invalid-parameter", method="get"),
     Bad("delete an unknown instance", "/v1/instances/" + "0" * 64, None, 404, "instance-not-found",
         method="delete"),
+    Bad("read an unknown instance", "/v1/instances/" + "0" * 64, None, 404, "instance-not-found", method="get"),
+    Bad("read an unknown session", "/v1/sessions/nope", None, 404, "session-not-found", method="get"),
 ]
 
 
 def test_the_catalogue_is_large_enough():
     assert len(CATALOGUE) >= 40
     assert len({bad.name for bad in CATALOGUE}) == len(CATALOGUE)
+
+
+def test_every_api_operation_has_a_bad_request_in_the_catalogue():
+    """A /v1 route added without a refused request of its own in the catalogue fails here
+    (docs/architecture.md: adding an endpoint)."""
+    app = create_app({"redis_url": None})
+    urls = app.url_map.bind("localhost")
+    ids = {"iid": "0" * 64, "sid": "s", "quad": "q", "done": "d"}
+    reached = set()
+    for bad in CATALOGUE:
+        try:
+            endpoint, _ = urls.match(bad.path.format(**ids).split("?")[0], method=bad.method.upper())
+        except HTTPException:
+            continue  # the catalogue's unknown route and wrong method
+        reached.add((endpoint, bad.method.upper()))
+    operations = {(rule.endpoint, method) for rule in app.url_map.iter_rules() if rule.rule.startswith("/v1/")
+                  for method in rule.methods - {"HEAD", "OPTIONS"}}
+    assert len(operations) >= 10
+    assert not operations - reached, f"no bad request in the catalogue for {sorted(operations - reached)}"
 
 
 @pytest.fixture

@@ -91,6 +91,31 @@ def test_policies_agree_with_the_reference_on_random_instances(kind, policy, sta
     assert compared >= N_INSTANCES // 2, f"only {compared} instances were scored"
 
 
+def parametrized(test, argument: str) -> list:
+    """The values a test is parametrised with for ``argument``."""
+    return [value for mark in test.pytestmark if mark.name == "parametrize" and mark.args[0] == argument
+            for value in mark.args[1]]
+
+
+def test_every_registered_policy_has_a_naive_reference_and_is_compared_with_it():
+    """A row added to engine.POLICIES fails here until its gain is written from the definition in
+    tests/reference.py (tests/reference_decisions.py for a decision policy) and the agreement
+    test runs it on every kind of instance it accepts (docs/architecture.md: adding a policy)."""
+    from tests import reference_decisions as refd
+    from tests.test_decisions import test_region_objectives_agree_with_explicit_edge_lists as decisions_agree
+
+    for name, policy in engine.POLICIES.items():
+        if policy.decision:
+            assert name in refd.GAINS, f"{name}: no naive gain in tests/reference_decisions.py"
+            assert name in parametrized(decisions_agree, "policy"), f"{name}: not compared with its reference"
+            continue
+        assert name in ref.GAINS, f"{name}: no naive gain in tests/reference.py"
+        assert ref.POWER.get(name, 0) == policy.score_power, f"{name}: the reference's units differ"
+        assert name in DETERMINISTIC_POLICIES, f"{name}: not compared on deterministic instances"
+        assert (name in LIKELIHOOD_POLICIES) == (not policy.deterministic_only), \
+            f"{name}: compared on likelihood instances exactly when it accepts them"
+
+
 def test_the_class_posterior_matches_bayes_with_plain_loops():
     for seed in range(60):
         model, observations = random_case(seed, "likelihood")

@@ -6,6 +6,9 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
+import typing
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,6 +132,17 @@ REJECTIONS = {
     "ragged likelihood matrix (outcomes)": (
         edit(noisy_columnar, set_in(["likelihood_matrix", 1, 1], [0.2, 0.3, 0.5])), "likelihood_matrix[1][1]"),
     "classes of the wrong length": (edit(columnar, set_in(["classes"], ["admit", "home"])), "classes"),
+    "duplicate outcome labels": (edit(per_hypothesis, set_in(["tests", 0, "outcomes"], ["normal", "normal"])),
+                                 "tests[0].outcomes"),
+    "error rate of 1": (edit(per_hypothesis, set_in(["tests", 1, "error_rate"], 1.0)), "tests[1].error_rate"),
+    "a repeatable deterministic test": (edit(per_hypothesis, set_in(["tests", 0, "repeatable"], True)),
+                                        "tests[0].repeatable"),
+    "noise of 1": (edit(per_hypothesis, set_in(["noise"], 1)), "noise"),
+    "max_flips past the number of tests": (edit(columnar, set_in(["max_flips"], 3)), "max_flips"),
+    "an unknown skip cost": (edit(per_hypothesis, set_in(["skip_cost"], "sometimes")), "skip_cost"),
+    "empty test text": (edit(per_hypothesis, set_in(["tests", 0, "text"], "")), "tests[0].text"),
+    "text for an outcome the test lacks": (
+        edit(per_hypothesis, set_in(["tests", 0, "outcome_text"], {"maybe": "Maybe"})), "tests[0].outcome_text.maybe"),
 }
 
 
@@ -138,6 +152,45 @@ def test_every_rejection_names_its_place(payload, path):
         Instance.model_validate(payload)
     paths = [json_path(error["loc"]) for error in refused.value.errors()]
     assert path in paths, f"expected an error at {path}, got {paths}"
+
+
+def wire_fields() -> dict[str, set[str]]:
+    """The field names (as a client spells them) of the wire instance and of every model nested
+    in it, by model."""
+    from pydantic import BaseModel
+
+    fields, pending = {}, [Instance]
+    while pending:
+        model = pending.pop()
+        if model.__name__ in fields:
+            continue
+        fields[model.__name__] = {field.alias or name for name, field in model.model_fields.items()}
+        for field in model.model_fields.values():
+            annotations = [field.annotation]
+            while annotations:
+                annotation = annotations.pop()
+                if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                    pending.append(annotation)
+                # list[X] | None, Annotated[Union[...], ...]: the models inside
+                annotations.extend(typing.get_args(annotation))
+    return fields
+
+
+def test_every_field_of_the_wire_instance_has_a_rejection_naming_its_place():
+    """A field added to the wire instance (a new form among them) fails here until a refusal of a
+    bad value in it is in a catalogue of rejections, at its JSON path (docs/architecture.md:
+    adding an instance form)."""
+    from tests.test_big_instances import REFUSED
+    from tests.test_decisions import REJECTIONS as DECISION_REJECTIONS
+
+    paths = [path for catalogue in (REJECTIONS, DECISION_REJECTIONS, REFUSED) for _, path in catalogue.values()]
+    named = {part for path in paths for part in re.split(r"[.\[\]]+", path) if part and not part.isdigit()}
+    top = {re.split(r"[.\[]", path)[0] for path in paths}
+    fields = wire_fields()
+    assert {"Instance", "TestSpec", "HypothesisSpec"} <= fields.keys()
+    for model, names in fields.items():
+        missing = names - (top if model == "Instance" else named)
+        assert not missing, f"no rejection names {model}'s {sorted(missing)}"
 
 
 def test_the_base_payloads_are_valid():
@@ -172,6 +225,46 @@ def test_both_forms_compile_to_the_same_arrays_and_hash():
     assert compile_payload(changed).content_hash != cols.content_hash
 
 
+def likelihood_rows():
+    return {
+        "tests": [{"id": "ecg", "outcomes": ["0", "1"]}, {"id": "trop", "outcomes": ["0", "1"]}],
+        "hypotheses": [
+            {"id": "0", "class": "a", "likelihoods": {"ecg": {"0": 0.2, "1": 0.8}, "trop": {"0": 0.5, "1": 0.5}}},
+            {"id": "1", "class": "b", "likelihoods": {"ecg": {"0": 0.9, "1": 0.1}, "trop": {"0": 0.3, "1": 0.7}}},
+        ],
+    }
+
+
+# One instance spelt in two forms: both compile to the same content hash (the hash is over the
+# compiled arrays and labels, so equal hashes are equal instances).
+SPELLINGS = {"columnar": (per_hypothesis, columnar), "likelihood columnar": (likelihood_rows, noisy_columnar)}
+# Fields that qualify an instance in any form rather than spell its hypotheses: the noise model,
+# what a skip costs, and decisions (their forms: tests/test_decisions.py).
+OPTIONS = {"noise", "max_flips", "skip_cost", "decisions", "loss_tolerance", "acceptable_matrix", "loss_matrix"}
+
+
+@pytest.mark.parametrize("name", SPELLINGS)
+def test_every_form_compiles_to_the_instance_its_per_hypothesis_spelling_does(name):
+    rows, other = (compile_payload(spell()) for spell in SPELLINGS[name])
+    assert rows.content_hash == other.content_hash and rows.hypothesis_ids == other.hypothesis_ids
+
+
+def test_every_field_of_the_wire_instance_is_in_a_compared_form_or_an_option():
+    """A new form's fields fail here until SPELLINGS holds the form beside its per-hypothesis
+    spelling (docs/architecture.md: adding an instance form)."""
+    spelt = {name for pair in SPELLINGS.values() for spell in pair for name in spell()}
+    missing = wire_fields()["Instance"] - spelt - OPTIONS
+    assert not missing, f"no form in SPELLINGS uses {sorted(missing)}"
+
+
+def test_every_field_of_the_wire_instance_is_in_the_docs():
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    text = (docs / "instances.md").read_text() + (docs / "decisions.md").read_text()
+    for model, names in wire_fields().items():
+        undocumented = {name for name in names if f"`{name}`" not in text and f'"{name}"' not in text}
+        assert not undocumented, f"docs/instances.md says nothing of {model}'s {sorted(undocumented)}"
+
+
 def test_the_hash_of_binary_answers_sees_every_cell():
     # Answers of two outcomes are hashed as packed bits (rows padded to whole bytes): every cell
     # must still count, the padding must not, and equal answers must hash equal.
@@ -194,14 +287,7 @@ def test_the_hash_of_binary_answers_sees_every_cell():
 
 
 def test_both_likelihood_forms_compile_to_the_same_tensor_and_hash():
-    rows = {
-        "tests": [{"id": "ecg", "outcomes": ["0", "1"]}, {"id": "trop", "outcomes": ["0", "1"]}],
-        "hypotheses": [
-            {"id": "0", "class": "a", "likelihoods": {"ecg": {"0": 0.2, "1": 0.8}, "trop": {"0": 0.5, "1": 0.5}}},
-            {"id": "1", "class": "b", "likelihoods": {"ecg": {"0": 0.9, "1": 0.1}, "trop": {"0": 0.3, "1": 0.7}}},
-        ],
-    }
-    a, b = compile_payload(rows), compile_payload(noisy_columnar())
+    a, b = compile_payload(likelihood_rows()), compile_payload(noisy_columnar())
     assert np.array_equal(a.likelihood, b.likelihood) and a.content_hash == b.content_hash
     assert b.likelihood[1, 1, 1] == pytest.approx(0.7)
 

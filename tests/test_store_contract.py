@@ -9,6 +9,7 @@ contract tests.
 from __future__ import annotations
 
 import random
+import re
 import sys
 import threading
 import time
@@ -447,6 +448,34 @@ def test_ping_fails_when_the_store_cannot_answer(store_env, monkeypatch):
         with pytest.raises(StoreUnavailable):
             store.ping()
     store.ping()
+
+
+def test_every_store_is_picked_by_create_store_and_made_by_this_suite():
+    """A SessionStore written under service/store/ fails here until create_store can pick it and
+    conftest's StoreUnderTest makes it for one of STORAGE_MODES, so the contract above runs on it
+    (docs/architecture.md: adding a store)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import service.store as package
+    from conftest import STORAGE_MODES, StoreUnderTest
+    from service.store import SessionStore, create_store
+
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+    stores, pending = set(), [SessionStore]
+    while pending:
+        for subclass in pending.pop().__subclasses__():
+            pending.append(subclass)
+            if not inspect.isabstract(subclass) and subclass.__module__.startswith(package.__name__ + "."):
+                stores.add(subclass)
+    assert len(stores) >= 2
+    made, picked = inspect.getsource(StoreUnderTest.make), inspect.getsource(create_store)
+    for store in stores:
+        assert re.search(rf"\b{store.__name__}\(", made), f"StoreUnderTest.make never makes {store.__name__}"
+        assert re.search(rf"\b{store.__name__}\(", picked), f"create_store never picks {store.__name__}"
+    assert {"memory", "redis", "cluster"} <= set(STORAGE_MODES)
 
 
 # --- Codec: the bytes Redis holds --------------------------------------------------------------
