@@ -31,6 +31,16 @@ from schemas.api import (
     SelectRequest,
     SessionCreate,
 )
+from schemas.cat import (
+    CatResultsIn,
+    CatResultsOut,
+    CatSectionCreated,
+    CatSectionIn,
+    CatSectionOut,
+    CatSessionCreated,
+    CatSessionIn,
+    ImsxStatusInfo,
+)
 from schemas.responses import InstanceDetail, InstanceList, InstanceSummary, Problem, SessionState, StepState
 from schemas.instance import LABEL_MAX_LENGTH, Instance
 
@@ -97,6 +107,7 @@ CROSS_FIELD_RULES: dict[str, dict[str, Any]] = {
                            _given(["likelihood_matrix"], ["hypotheses", "matrix"])]},
     "SessionCreate": {"oneOf": [_given(["instance_id"], ["instance"]), _given(["instance"], ["instance_id"])]},
     "SelectRequest": {"oneOf": [_given(["instance_id"], ["instance"]), _given(["instance"], ["instance_id"])]},
+    "CatSectionConfig": {"oneOf": [_given(["instance_id"], ["instance"]), _given(["instance"], ["instance_id"])]},
 }
 
 
@@ -112,7 +123,9 @@ def _policy_names(node: Any, names: list[str]) -> None:
 
 # Requests name a registered policy (service/engine/policies.py) or `auto`; responses show the
 # registered policy that runs.
-REQUESTS_NAMING_POLICIES = ("SessionCreate", "SelectRequest", "EvaluateRequest")
+REQUESTS_NAMING_POLICIES = ("SessionCreate", "SelectRequest", "EvaluateRequest", "CatSectionConfig")
+# The protocol façades (service/adapters/): their refusals are in their standard's shape.
+CAT_PREFIX = "/ims/cat/"
 
 
 def _schemas() -> dict[str, Any]:
@@ -121,7 +134,10 @@ def _schemas() -> dict[str, Any]:
          (ObservationsRequest, "validation"), (ObservationCorrection, "validation"),
          (InstanceSummary, "serialization"), (InstanceDetail, "serialization"), (InstanceList, "serialization"),
          (SessionState, "serialization"), (StepState, "serialization"), (Problem, "serialization"),
-         (EvaluateRequest, "validation")],
+         (EvaluateRequest, "validation"),
+         (CatSectionIn, "validation"), (CatSessionIn, "validation"), (CatResultsIn, "validation"),
+         (CatSectionCreated, "serialization"), (CatSectionOut, "serialization"),
+         (CatSessionCreated, "serialization"), (CatResultsOut, "serialization"), (ImsxStatusInfo, "serialization")],
         ref_template=REF,
     )
     schemas = _labels_accept_integers(schema["$defs"])
@@ -166,6 +182,21 @@ def paths_of(app: Flask) -> dict[str, Any]:
             for path, item in paths.items()}
 
 
+def cat_refusals(*statuses: int) -> dict[str, Any]:
+    return {str(status): {"$ref": f"#/components/responses/CatStatus{status}"} for status in statuses}
+
+
+def cat_status(status: int, problem: dict[str, Any]) -> dict[str, Any]:
+    """A refusal on the CAT paths: imsx_StatusInfo; those made below the application (the
+    worker's) are problem+json there too."""
+    response = copy.deepcopy(problem)
+    content = {"application/json": {"schema": ref("ImsxStatusInfo")}}
+    if status in BELOW_THE_APPLICATION:
+        content.update(response["content"])
+    response["content"] = content
+    return response
+
+
 def build_spec() -> dict[str, Any]:
     paths = paths_of(create_app({"redis_url": None}))
     # With API keys on every /v1 route may answer 401, and with a rate limit 429; every route
@@ -174,12 +205,13 @@ def build_spec() -> dict[str, Any]:
     # requests.
     for path, item in paths.items():
         for method, operation in item.items():
-            extra = problems(*BELOW_THE_APPLICATION)
-            if path.startswith("/v1/"):
-                extra.update(problems(401, 429))
+            refused = cat_refusals if path.startswith(CAT_PREFIX) else problems
+            extra = refused(*BELOW_THE_APPLICATION)
+            if path.startswith(("/v1/", CAT_PREFIX)):
+                extra.update(refused(401, 429))
                 operation["security"] = [{"bearerApiKey": []}, {}]
             if method in ("post", "delete"):
-                extra.update(problems(507))
+                extra.update(refused(507))
             operation["responses"] = dict(sorted({**operation["responses"], **extra}.items()))
     problem_responses = {}
     for status, text in STATUS_TEXT.items():
@@ -193,6 +225,7 @@ def build_spec() -> dict[str, Any]:
         if status == 405:
             response["headers"] = {"Allow": {"description": "The allowed methods", "schema": {"type": "string"}}}
         problem_responses[f"Problem{status}"] = response
+        problem_responses[f"CatStatus{status}"] = cat_status(status, response)
     return {
         "openapi": "3.1.0",
         "info": {"title": "edgecut", "version": __version__,

@@ -27,7 +27,8 @@ from service.store.ratelimit import AUTH_FAILURES, REQUESTS, RateLimiter, parse_
 from . import auth
 from .problems import problem_response
 
-PROTECTED_PREFIX = "/v1/"
+# The API and the protocol façades served over it (service/adapters/).
+PROTECTED_PREFIXES = ("/v1/", "/ims/cat/")
 EXPOSED_HEADERS = ["ETag", "Retry-After", "Location", "Idempotent-Replayed", "WWW-Authenticate"]
 ALLOWED_HEADERS = ["Authorization", "Content-Type", "If-Match", "Idempotency-Key"]
 # Every method a /v1 route answers (tests/test_security.py checks them against the routes).
@@ -37,7 +38,7 @@ CORS_MAX_AGE = 600
 
 def _protected() -> bool:
     # Preflights carry no credentials by design (Fetch standard); flask-cors answers them.
-    return (request.path.startswith(PROTECTED_PREFIX) or request.path == "/v1") and request.method != "OPTIONS"
+    return (request.path.startswith(PROTECTED_PREFIXES) or request.path == "/v1") and request.method != "OPTIONS"
 
 
 def _limiter(store: SessionStore, rate_limit: str | None, burst: int | None, scope: str) -> RateLimiter | None:

@@ -1,0 +1,1 @@
+"""Façades that speak other protocols over the same session domain (service/sessions/)."""
