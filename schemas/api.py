@@ -106,6 +106,7 @@ Confidence = Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)]
 Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
 PolicyName = Annotated[str, Field(min_length=1, max_length=64)]
 MaxExpectedLoss = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]  # a loss may be 0
+MaxSE = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
 MAX_EVALUATED_POLICIES = 10
 
 
@@ -135,6 +136,8 @@ class StepConfig(_Request):
     seed: Seed = 0
     # Decision instances with losses: decided once the least expected loss is at most this.
     max_expected_loss: MaxExpectedLoss | None = None
+    # Item banks: done once the posterior SD of θ is at most this.
+    max_se: MaxSE | None = None
     # Tests that cannot be run here (a clinic without the machine): never proposed.
     exclude_tests: Labels = Field(default_factory=list, max_length=MAX_EXCLUDED_TESTS)
     # Tests proposed together (a page of questions): ``next_tests`` holds up to this many.

@@ -6,7 +6,9 @@ Two equivalent shapes are accepted (see docs/instances.md):
 * columnar: ``matrix`` (n×N outcome indices) or ``likelihood_matrix`` (n×N×ℓ), ``classes``,
   optional ``priors`` and ``hypothesis_ids``; each array as nested lists, in the compact
   base64 form, or (from Python, or the binary body's ``.npy`` part) a numpy array
-  (schemas/arrays.py), checked whole with numpy.
+  (schemas/arrays.py), checked whole with numpy;
+* item bank: ``item_bank: {items, prior, cut_scores, levels}``, IRT items compiled to likelihoods
+  on a grid of θ (schemas/item_bank.py, docs/item-banks.md).
 
 A *decision instance* names ``decisions`` instead of classes: each hypothesis says which decisions
 are acceptable for it (``acceptable``, or ``loss`` per decision within ``loss_tolerance`` of its
@@ -25,14 +27,12 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
     InstanceOf,
     PrivateAttr,
     StrictBool,
-    StrictFloat,
     StrictInt,
     Tag,
     model_validator,
@@ -41,8 +41,9 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from .arrays import EncodedArray
+from .item_bank import ItemBank
+from .labels import LABEL_MAX_LENGTH, Label, Labels, LabelText, Number  # noqa: F401 (re-exported)
 
-LABEL_MAX_LENGTH = 200
 # Display text (a question, an answer's wording) is for people, not an id: longer than a label.
 TEXT_MAX_LENGTH = 2000
 LIKELIHOOD_TOLERANCE = 1e-6
@@ -61,29 +62,6 @@ MAX_TOTAL_COST = 1e300
 # Each rule reports at most this many problems: the first ones say enough, and a hostile body
 # must not make a megabyte of errors.
 MAX_PROBLEMS = 50
-
-
-def _label_from_int(value: Any) -> Any:
-    # Integers are accepted as their decimal string; bools are not integers to a user (JSON's
-    # integers are exactly int, its booleans bool).
-    return str(value) if type(value) is int else value
-
-
-def _labels_from_ints(value: Any) -> Any:
-    # The same rule for a whole list in one call: one Python call per label was 13 000 calls for
-    # an instance of 10⁴ hypotheses and 10³ tests.
-    if type(value) is not list:
-        return value
-    return [str(label) if type(label) is int else label for label in value]
-
-
-# The length bounds before the validator: pydantic then checks them in its core (Rust), not as one
-# more Python call per label (an instance of 10⁴ hypotheses has over 10⁴ labels).
-LabelText = Annotated[str, Field(min_length=1, max_length=LABEL_MAX_LENGTH)]
-Label = Annotated[LabelText, BeforeValidator(_label_from_int)]
-# A list of labels: integers become their decimal strings as for one label, the list at once.
-Labels = Annotated[list[LabelText], BeforeValidator(_labels_from_ints)]
-Number = StrictFloat | StrictInt
 DisplayText = Annotated[str, Field(min_length=1, max_length=TEXT_MAX_LENGTH)]
 
 
@@ -149,7 +127,8 @@ class HypothesisSpec(_Wire):
 class Instance(_Wire):
     """A problem instance as clients post it. Every rule is checked on construction."""
 
-    tests: list[TestSpec] = Field(min_length=1)
+    # Required, except in the item-bank form, whose items are the tests.
+    tests: list[TestSpec] | None = Field(default=None, min_length=1)
     hypotheses: list[HypothesisSpec] | None = None
     # Columnar form.
     matrix: _array_field(list[list[StrictInt]]) | None = None
@@ -167,6 +146,9 @@ class Instance(_Wire):
     loss_matrix: list[list[Number]] | None = None
     # Whether a skipped test's cost counts towards what a session spent (default: free).
     skip_cost: Literal["free", "charged"] = "free"
+    # The item-bank form (schemas/item_bank.py): IRT items, an ability prior, cut scores; instead
+    # of tests and hypotheses.
+    item_bank: ItemBank | None = None
     # The columnar arrays as numpy, filled once by validation (see matrix_array()).
     _arrays: _DerivedArrays = PrivateAttr(default_factory=_DerivedArrays)
 

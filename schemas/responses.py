@@ -114,6 +114,13 @@ class DecisionOut(_Response):
     expected_loss: float | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
+class ThetaOut(_Response):
+    """Item banks: the EAP estimate of θ (its posterior mean over the grid) and its posterior SD."""
+
+    eap: float
+    sd: float
+
+
 class Candidate(_Response):
     """A test the policy scored: ``score`` is its gain per unit cost in the policy's own units."""
 
@@ -142,6 +149,8 @@ class StepState(_Response):
     # per decision, most probable first.
     decision: DecisionOut | None = Field(default=None, exclude_if=lambda value: value is None)
     decision_posterior: dict[str, float] | None = Field(default=None, exclude_if=lambda value: value is None)
+    # Item-bank instances only (left out of the JSON otherwise).
+    theta: ThetaOut | None = Field(default=None, exclude_if=lambda value: value is None)
     # Only with ?explain=true (left out of the JSON otherwise): the best-scoring eligible tests,
     # best first.
     candidates: list[Candidate] | None = Field(default=None, exclude_if=lambda value: value is None)

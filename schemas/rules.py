@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .item_bank import item_bank_problems
 from .arrays import ArrayProblems, likelihood_problems, outcome_index_problems, to_array
 from .instance import (
     LIKELIHOOD_TOLERANCE,
@@ -35,6 +36,10 @@ def _finite(x: float) -> bool:
 
 def validate_instance_rules(inst: Instance) -> list[Problem]:
     """Every cross-field rule of the wire contract; returns ``(location, message)`` pairs."""
+    if inst.item_bank is not None:
+        return _check_item_bank(inst)[:MAX_PROBLEMS]
+    if inst.tests is None:
+        return [(("tests",), "give tests (or an item_bank)")]
     problems: list[Problem] = []
     problems += _check_tests(inst)
     if inst.hypotheses is not None:
@@ -55,6 +60,17 @@ def validate_instance_rules(inst: Instance) -> list[Problem]:
     problems += _check_decisions(inst)
     problems += _check_repeatable(inst)
     return problems[:MAX_PROBLEMS]
+
+
+# Fields of the other forms: an item bank's items are its tests and its θ grid its hypotheses.
+_NOT_WITH_ITEM_BANK = ("tests", "hypotheses", "matrix", "likelihood_matrix", "classes", "priors", "hypothesis_ids",
+                       "noise", "max_flips", "decisions", "loss_tolerance", "acceptable_matrix", "loss_matrix")
+
+
+def _check_item_bank(inst: Instance) -> list[Problem]:
+    problems: list[Problem] = [((name,), "give either an item_bank or tests and hypotheses, not both")
+                               for name in _NOT_WITH_ITEM_BANK if getattr(inst, name) is not None]
+    return problems + item_bank_problems(inst.item_bank)
 
 
 def _total(values) -> float:

@@ -52,6 +52,7 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
                              redis_wait_timeout_ms=settings.redis_wait_timeout_ms)
     domain = Sessions(store, session_ttl=settings.session_ttl, max_cells=settings.max_cells,
                       max_compiled_bytes=settings.max_compiled_bytes, step_cache_bytes=settings.step_cache_bytes,
+                      grid_points=settings.item_bank_grid_points,
                       max_observations=settings.session_max_observations, time_limit=settings.session_time_limit,
                       auto_budget=engine.Budget(settings.auto_respondents, settings.auto_cpu_seconds))
     app.extensions[EXTENSION] = Services(settings=settings, store=store, sessions=domain)

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     max_compiled_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description=(
         "bytes of the compiled instance, its arrays and labels, counted before any array is built "
         "(413 `instance-too-large`); compiling holds about twice this for a moment"))
+    item_bank_grid_points: int = Field(default=61, ge=2, le=2001, description=(
+        "θ points an item bank with a normal prior is compiled on, evenly over the prior's mean ± 4 sd; each is "
+        "a hypothesis, so steps cost in proportion (docs/item-banks.md)"))
     log_level: LogLevel = Field(default="INFO", description="`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`")
     log_format: LogFormat = Field(default="json", description=(
         "`json`: one JSON object per line on stderr (time, level, logger, message, request id, method, path, "

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from schemas.api import ObservationCorrection, ObservationsRequest, SelectRequest, StepConfig
 from schemas.instance import Instance
+from schemas.item_bank import ItemBank
 from service.errors import LimitExceeded
 from service.settings import Settings
 
@@ -96,7 +97,26 @@ def _check_labels(labels: Iterable[str], limit: int, where: str) -> None:
         raise LimitExceeded("MAX_LABEL_LENGTH", limit, f"a label in {where} is {longest} characters long")
 
 
+def _check_item_bank(bank: ItemBank, settings, path: str) -> None:
+    """An item bank's labels, outcomes per item, and classes (its levels; without cut scores, the
+    points of a given grid)."""
+    limit = settings.max_label_length
+    _check_labels((label for item in bank.items for label in (item.id, item.content_area or "")), limit,
+                  f"{path}item_bank.items")
+    _check_labels(bank.levels or (), limit, f"{path}item_bank.levels")
+    widest = max(bank.items, key=lambda item: item.n_outcomes)
+    if widest.n_outcomes > settings.max_outcomes_per_test:
+        raise LimitExceeded("MAX_OUTCOMES_PER_TEST", settings.max_outcomes_per_test,
+                            f"item {widest.id} of the {path}item bank has {widest.n_outcomes} outcomes")
+    classes = len(bank.cut_scores) + 1 if bank.cut_scores else len(bank.prior.grid or ())
+    if classes > settings.max_classes:
+        raise LimitExceeded("MAX_CLASSES", settings.max_classes, f"the {path}item bank has {classes} classes")
+
+
 def _check_instance(inst: Instance, settings, path: str = "") -> None:
+    if inst.item_bank is not None:
+        _check_item_bank(inst.item_bank, settings, path)
+        return
     hyps = inst.hypotheses or []
     tests = inst.tests
 

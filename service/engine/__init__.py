@@ -13,6 +13,7 @@ Typical use::
 from .belief import SKIPPED, Belief, Observation, OutcomeStats, observe, parse_observations
 from .compilation import compile_instance, count_noisy_copies
 from .compiled import CompiledInstance, log_p_min_bound
+from .item_bank import item_probabilities, theta_estimate
 from .errors import (
     ConflictingObservation,
     EngineError,
@@ -37,6 +38,7 @@ from .evaluate import (
     run_policy,
     worst_case_cost,
 )
+from . import item_bank
 from .intervals import mean_interval, wilson_interval
 from .policies import AUTO, DEFAULT_POLICIES, POLICIES, Policy, default_policy, policy_names, resolve_policy
 from .recommend import Budget, CandidateResult, Recommendation, applicable_policies, recommend

@@ -14,6 +14,7 @@ from schemas.instance import Instance
 
 from .compiled import CompiledInstance
 from .errors import InstanceTooLarge
+from .item_bank import DEFAULT_GRID_POINTS, bank_as_columns, with_theta
 
 DEFAULT_MAX_CELLS = 50_000_000
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
@@ -45,16 +46,18 @@ def smallest_uint_dtype(max_value: int) -> np.dtype:
     return np.dtype(np.uint64)
 
 
-def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS,
-                     max_bytes: int = DEFAULT_MAX_BYTES) -> CompiledInstance:
+def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS, max_bytes: int = DEFAULT_MAX_BYTES,
+                     grid_points: int = DEFAULT_GRID_POINTS) -> CompiledInstance:
     """Turn a validated wire instance into arrays (the one place where labels become indices).
 
     Refuses (:class:`InstanceTooLarge`) before allocating when the compiled tensor would hold
     more than ``max_cells`` numbers — n·N outcomes, n·N·ℓ likelihoods (given, or made from
     ``noise``), n·(copies)·N after ``max_flips`` — or the instance would take more than
     ``max_bytes`` (arrays and labels; building it holds about twice that for a moment)."""
-    test_ids = tuple(t.id for t in instance.tests)
-    n_tests = len(test_ids)
+    if instance.item_bank is not None:  # the likelihood instance it stands for, on grid_points θ
+        columnar, theta_of = bank_as_columns(instance, grid_points, max_cells)
+        return with_theta(compile_instance(columnar, max_cells, max_bytes), theta_of, instance.item_bank)
+    test_ids, n_tests = tuple(t.id for t in instance.tests), len(instance.tests)
     n = instance.n_hypotheses
     _check_size(n, n_tests, 1, 1, max_cells, max_bytes, "the instance")
 

@@ -72,6 +72,8 @@ class CompiledInstance:
     # both None when no test has any. The engine never reads them.
     test_text: tuple[str | None, ...] | None = None
     outcome_text: tuple[tuple[str | None, ...], ...] | None = None
+    # Item banks (item_bank.py): each hypothesis's θ, the grid point it stands for.
+    theta: np.ndarray | None = None  # (n,) float64
 
     @property
     def kind(self) -> str:
@@ -294,7 +296,7 @@ class CompiledInstance:
     @cached_property
     def nbytes(self) -> int:
         arrays = (self.costs, self.class_index, self.prior, self.outcomes, self.likelihood,
-                  self.acceptable, self.loss)
+                  self.acceptable, self.loss, self.theta)
         return sum(a.nbytes for a in arrays if a is not None)
 
     @cached_property
@@ -339,6 +341,8 @@ class CompiledInstance:
             put(b"skip_cost=charged")
         if self.test_text is not None:  # what a client shows is part of what was posted
             put(b"text" + json.dumps([self.test_text, self.outcome_text], ensure_ascii=False).encode())
+        if self.theta is not None:
+            put(b"theta" + self.theta.astype("<f8").tobytes())
         return digest.hexdigest()
 
 

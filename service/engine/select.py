@@ -11,6 +11,7 @@ import numpy as np
 from .belief import Belief, Observation, OutcomeStats, observe
 from .compiled import CompiledInstance
 from .errors import InfeasibleComputation, StopRuleNotApplicable
+from .item_bank import theta_estimate
 from .policies import EDGE_CUTTING_STATISTICS, Policy, edge_cutting_gain, resolve_policy
 from .regions import decided_by_all, decision_posterior, expected_loss
 
@@ -40,6 +41,8 @@ class StopReason(StrEnum):
     # acceptable to every survivor, or probably enough (confidence / max_expected_loss).
     DECIDED = "decided"
     CONFIDENCE_REACHED = "confidence_reached"
+    # Item banks: θ's posterior SD is at most max_se.
+    MAX_SE = "max_se"
     MAX_TESTS = "max_tests"
     # Deterministic instances: no unrun test separates two surviving hypotheses of different
     # classes. Checked before tests_exhausted, so running out of tests with several classes left
@@ -59,12 +62,14 @@ class StopRules(NamedTuple):
     confidence: float | None = None
     # Decision instances with losses: decided once the least expected loss is at most this.
     max_expected_loss: float | None = None
+    # Item banks: stop once θ's posterior SD is at most this (item_bank.py).
+    max_se: float | None = None
 
     def effective_confidence(self, inst: CompiledInstance) -> float | None:
         if self.confidence is not None:
             return self.confidence
         if (inst.kind == "likelihood" and self.max_tests is None and self.max_cost is None
-                and self.max_expected_loss is None):
+                and self.max_expected_loss is None and self.max_se is None):
             return DEFAULT_LIKELIHOOD_CONFIDENCE
         return None
 
@@ -114,6 +119,8 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     inst = belief.instance
     if rules.max_expected_loss is not None and inst.loss is None:
         raise StopRuleNotApplicable("max_expected_loss needs a decision instance with losses ('loss' or 'loss_matrix')")
+    if rules.max_se is not None and inst.theta is None:
+        raise StopRuleNotApplicable("max_se needs an item-bank instance ('item_bank'): others have no θ")
 
     def stop(reason: StopReason, scores: np.ndarray | None = None) -> Decision:
         return Decision(belief, None, reason, np.full(inst.n_tests, np.nan) if scores is None else scores)
@@ -128,6 +135,8 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
             return stop(StopReason.DETERMINED)
         if confidence is not None and belief.class_posterior.max() >= confidence:
             return stop(StopReason.CONFIDENCE_REACHED)
+    if rules.max_se is not None and theta_estimate(belief)[1] <= rules.max_se:
+        return stop(StopReason.MAX_SE)
     answered = len(belief.answers)
     if rules.max_tests is not None and answered >= rules.max_tests:
         return stop(StopReason.MAX_TESTS)

@@ -40,12 +40,13 @@ class Sessions:
 
     def __init__(self, store: SessionStore, *, session_ttl: int, max_cells: int,
                  max_compiled_bytes: int, step_cache_bytes: int = 64 * 1024 * 1024,
+                 grid_points: int = engine.item_bank.DEFAULT_GRID_POINTS,
                  max_observations: int = 10_000, time_limit: float = 5.0,
                  auto_budget: engine.Budget = engine.Budget(),
                  clock: Callable[[], float] = time.time, timer: Callable[[], float] = time.thread_time):
         """``max_observations``, ``time_limit``: SESSION_MAX_OBSERVATIONS and SESSION_TIME_LIMIT;
-        ``auto_budget``: AUTO_RESPONDENTS and AUTO_CPU_SECONDS; ``clock`` dates expiries, ``timer``
-        measures work against the time limit."""
+        ``auto_budget``: AUTO_RESPONDENTS and AUTO_CPU_SECONDS; ``grid_points``: ITEM_BANK_GRID_POINTS;
+        ``clock`` dates expiries, ``timer`` measures work against the time limit."""
         self.store = store
         self.max_observations = max_observations
         self.time_limit = time_limit
@@ -53,6 +54,7 @@ class Sessions:
         self.session_ttl = session_ttl
         self.max_cells = max_cells
         self.max_compiled_bytes = max_compiled_bytes
+        self.grid_points = grid_points
         self.clock = clock
         self.steps = Steps(step_cache_bytes)
         self.writer = Writer(store, self.steps, session_ttl, clock)
@@ -61,7 +63,8 @@ class Sessions:
     # --- instances ----------------------------------------------------------------------
 
     def compile(self, instance: Instance) -> engine.CompiledInstance:
-        return engine.compile_instance(instance, max_cells=self.max_cells, max_bytes=self.max_compiled_bytes)
+        return engine.compile_instance(instance, max_cells=self.max_cells, max_bytes=self.max_compiled_bytes,
+                                       grid_points=self.grid_points)
 
     def register_instance(self, instance: Instance, tenant: str = DEFAULT_TENANT) -> tuple[InstanceSummary, bool]:
         """Compile and store under the content hash; True when it was not stored before."""
@@ -119,6 +122,7 @@ class Sessions:
             max_cost=None if request.max_cost is None else float(request.max_cost),
             confidence=None if request.confidence is None else float(request.confidence),
             max_expected_loss=None if request.max_expected_loss is None else float(request.max_expected_loss),
+            max_se=None if request.max_se is None else float(request.max_se),
             seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
             exclude_tests=excluded, batch_size=request.batch_size,
         )
@@ -190,7 +194,8 @@ class Sessions:
 def stop_rules(config: StepConfig) -> engine.StopRules:
     return engine.StopRules(config.max_tests, None if config.max_cost is None else float(config.max_cost),
                             None if config.confidence is None else float(config.confidence),
-                            None if config.max_expected_loss is None else float(config.max_expected_loss))
+                            None if config.max_expected_loss is None else float(config.max_expected_loss),
+                            None if config.max_se is None else float(config.max_se))
 
 
 def checked_exclusions(compiled: engine.CompiledInstance, config: StepConfig) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ from schemas.responses import (
     NextTest,
     SessionState,
     StepState,
+    ThetaOut,
 )
 from service import engine
 from service.store.base import StoredInstance
@@ -164,6 +165,7 @@ def step_state(compiled: engine.CompiledInstance, policy: str, decision: engine.
         version_space_size=int(belief.alive.size) if compiled.kind == "deterministic" else None,
         decision=decision_out,
         decision_posterior=decision_posterior,
+        theta=None if compiled.theta is None else ThetaOut(**dict(zip(("eap", "sd"), engine.theta_estimate(belief)))),
     )
 
 

@@ -54,7 +54,8 @@ def step_key(tenant: str, compiled: engine.CompiledInstance, policy: str, rules:
 
 def session_key(record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> StepKey:
     """The key of the step after ``observations`` in ``record``'s session."""
-    rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss)
+    rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss,
+                             record.max_se)
     return step_key(record.tenant, compiled, record.policy, rules, record.seed, observations, record.exclude_tests,
                     record.batch_size)
 

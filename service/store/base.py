@@ -58,6 +58,7 @@ class SessionRecord:
     # Tests never to propose in this session, and how many to propose at once.
     exclude_tests: tuple[str, ...] = ()
     batch_size: int = 1
+    max_se: float | None = None  # item banks: stop once θ's posterior SD is at most this
 
     def with_observations(self, observations: tuple[tuple[str, str | None], ...],
                           expires_at: float | None = None) -> SessionRecord:

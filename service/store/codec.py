@@ -126,6 +126,8 @@ def _header(instance: CompiledInstance, parts: list[tuple[str, str, list[int], n
         header["skip_cost"] = "charged"
     if instance.test_text is not None:
         header["test_text"], header["outcome_text"] = instance.test_text, instance.outcome_text
+    if instance.theta is not None:  # an item bank's grid: a few dozen numbers, exact in JSON
+        header["theta"] = instance.theta.tolist()
     return header
 
 
@@ -155,6 +157,7 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         repeatable_indices = header.get("repeatable", [])
         skip_cost = header.get("skip_cost", "free")
         test_text, outcome_text = _display_text(header, outcome_labels)
+        theta = header.get("theta")
     except (KeyError, TypeError) as exc:
         raise CorruptInstance(f"instance header lacks or mistypes a field: {exc}") from None
     if expected_hash is not None and stated_hash != expected_hash:
@@ -234,6 +237,11 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         raise CorruptInstance("instance header's repeatable tests are not test indices")
     if skip_cost not in ("free", "charged"):
         raise CorruptInstance(f"unknown skip_cost {skip_cost!r}")
+    if theta is not None:
+        if not isinstance(theta, list) or len(theta) != n or not all(type(x) is float for x in theta):
+            raise CorruptInstance("instance header's theta is not one number per hypothesis")
+        theta = np.array(theta)
+        theta.setflags(write=False)
     repeatable = None
     if repeatable_indices:
         repeatable = np.zeros(n_tests, dtype=bool)
@@ -258,6 +266,7 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         skip_charged=skip_cost == "charged",
         test_text=test_text,
         outcome_text=outcome_text,
+        theta=theta,
     )
     if checksum is not None:
         instance.__dict__["content_hash"] = stated_hash  # vouched for by the checksum

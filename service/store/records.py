@@ -11,13 +11,16 @@ from .base import CorruptRecord, SessionRecord
 
 _RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost", "confidence", "seed",
                   "observations", "version", "created_at", "tenant", "max_expected_loss", "exclude_tests",
-                  "batch_size")
+                  "batch_size", "max_se")
+# Written only when set, so records without them encode as they always did.
+_SPARSE_FIELDS = {"max_se"}
 
 
 def encode_record(record: SessionRecord) -> bytes:
     # expires_at is not stored: the key's TTL is the truth, and leaving it out keeps a retried
     # create byte-identical to the first.
-    fields = {name: getattr(record, name) for name in _RECORD_FIELDS}
+    fields = {name: getattr(record, name) for name in _RECORD_FIELDS
+              if name not in _SPARSE_FIELDS or getattr(record, name) is not None}
     return orjson.dumps(fields)
 
 
@@ -26,9 +29,9 @@ _TEXT, _COUNT, _NUMBER = (str,), (int,), (int, float)
 _RECORD_TYPES = {"session_id": _TEXT, "instance_id": _TEXT, "policy": _TEXT, "max_tests": _COUNT,
                  "max_cost": _NUMBER, "confidence": _NUMBER, "seed": _COUNT, "observations": (list,),
                  "version": _COUNT, "created_at": _NUMBER, "tenant": _TEXT, "max_expected_loss": _NUMBER,
-                 "exclude_tests": (list,), "batch_size": _COUNT}
+                 "exclude_tests": (list,), "batch_size": _COUNT, "max_se": _NUMBER}
 # May be null, or absent from records written before the field existed.
-_OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence", "max_expected_loss"}
+_OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence", "max_expected_loss", "max_se"}
 # Absent from records written before the field existed: read as these.
 _FIELD_DEFAULTS = {"exclude_tests": [], "batch_size": 1}
 

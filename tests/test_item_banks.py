@@ -1,0 +1,257 @@
+"""Item banks: the compiled likelihoods against the IRT formulas written out here, the θ grid and
+its levels, every refusal with its path, the θ estimate in a session's state, and max_se."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from schemas.instance import Instance, json_path
+from service import engine
+from service.store import codec
+
+from api_support import PROBLEM, TRIAGE
+
+BANK = {"item_bank": {
+    "items": [
+        {"id": "i1", "model": "3PL", "a": 1.2, "b": -0.5, "c": 0.2, "content_area": "algebra"},
+        {"id": "i2", "model": "GRM", "a": 1.0, "thresholds": [-1, 0, 1]},
+        {"id": "i3", "model": "2PL", "a": 0.7, "b": 0.9},
+        {"id": "i4", "model": "1PL", "b": 0.3},
+        {"id": "i5", "model": "GPCM", "a": 1.3, "thresholds": [0.4, -0.6]},
+    ],
+    "prior": {"mean": 0, "sd": 1},
+    "cut_scores": [-0.5, 0.8],
+    "levels": ["basic", "proficient", "advanced"],
+}}
+
+
+# --- The formulas, written from their definitions, one θ at a time -------------------------
+
+def p_3pl(theta, a, b, c, d=1.0):
+    return c + (1 - c) / (1 + math.exp(-d * a * (theta - b)))
+
+
+def p_grm(theta, a, thresholds, d=1.0):
+    star = [1.0] + [1 / (1 + math.exp(-d * a * (theta - t))) for t in thresholds] + [0.0]
+    return [star[k] - star[k + 1] for k in range(len(thresholds) + 1)]
+
+
+def p_gpcm(theta, a, thresholds, d=1.0):
+    numerators = [math.exp(sum(d * a * (theta - t) for t in thresholds[:k])) for k in range(len(thresholds) + 1)]
+    return [x / sum(numerators) for x in numerators]
+
+
+def naive_row(item, theta, d=1.0):
+    model = item["model"]
+    if model in ("1PL", "2PL", "3PL"):
+        right = p_3pl(theta, item.get("a", 1.0), item["b"], item.get("c", 0.0), d)
+        return [1 - right, right]
+    return (p_grm if model == "GRM" else p_gpcm)(theta, item["a"], item["thresholds"], d)
+
+
+def compiled(body=BANK, grid_points=61):
+    return engine.compile_instance(Instance.model_validate(body), grid_points=grid_points)
+
+
+@pytest.mark.parametrize("scaling", [1.0, 1.702])
+def test_likelihoods_are_the_irt_probabilities_at_each_grid_point(scaling):
+    body = copy.deepcopy(BANK)
+    body["item_bank"]["scaling"] = scaling
+    inst = compiled(body, grid_points=21)
+    items = body["item_bank"]["items"]
+    assert inst.kind == "likelihood" and inst.n_hypotheses == 21 and inst.test_ids == tuple(i["id"] for i in items)
+    assert inst.outcome_labels == (("0", "1"), ("0", "1", "2", "3"), ("0", "1"), ("0", "1"), ("0", "1", "2"))
+    for h, theta in enumerate(inst.theta):
+        for t, item in enumerate(items):
+            row = naive_row(item, float(theta), scaling)
+            assert inst.likelihood[h, t, :len(row)] == pytest.approx(row, abs=1e-12)
+            assert not inst.likelihood[h, t, len(row):].any()
+
+
+def test_known_points():
+    # At θ = b a 3PL item is right with (1 + c)/2; a GRM item with thresholds symmetric about θ
+    # splits its outer outcomes equally; a GPCM item with equal steps at θ gives each outcome 1/(m+1).
+    body = {"item_bank": {"items": [{"id": "x", "model": "3PL", "a": 2.0, "b": 0.0, "c": 0.2},
+                                    {"id": "g", "model": "GRM", "a": 1.5, "thresholds": [-1, 1]},
+                                    {"id": "p", "model": "GPCM", "a": 1.0, "thresholds": [0, 0, 0]}],
+                          "prior": {"grid": [-1.0, 0.0, 1.0], "weights": [1, 2, 1]}}}
+    inst = compiled(body)
+    middle = list(inst.theta).index(0.0)
+    assert inst.likelihood[middle, 0, :2] == pytest.approx([0.4, 0.6])
+    grm = inst.likelihood[middle, 1, :3]
+    assert grm[0] == pytest.approx(grm[2]) and grm.sum() == pytest.approx(1.0)
+    assert inst.likelihood[middle, 2, :4] == pytest.approx([0.25] * 4)
+
+
+def test_grid_prior_classes_and_ids():
+    inst = compiled(grid_points=9)
+    theta = np.linspace(-4, 4, 9)
+    assert inst.theta.tolist() == pytest.approx(theta.tolist())
+    density = np.exp(-theta ** 2 / 2)
+    assert inst.prior == pytest.approx(density / density.sum())
+    # A θ at a cut belongs to the level above it.
+    levels = ["basic" if x < -0.5 else "proficient" if x < 0.8 else "advanced" for x in theta]
+    assert [inst.class_labels[c] for c in inst.class_index] == levels
+    assert inst.hypothesis_ids[4] == "theta=0"
+
+
+def test_theta_estimation_without_cut_scores_and_a_given_grid():
+    body = copy.deepcopy(BANK)
+    del body["item_bank"]["cut_scores"], body["item_bank"]["levels"]
+    body["item_bank"]["prior"] = {"grid": [-2, -0.5, 0.8, 2.5], "weights": [1, 3, 0, 2]}
+    inst = compiled(body)
+    assert inst.n_classes == 4 and inst.class_labels == inst.hypothesis_ids
+    assert inst.prior.tolist() == pytest.approx([1 / 6, 3 / 6, 0, 2 / 6])
+
+
+def test_same_content_same_id_and_the_grid_is_part_of_it():
+    assert compiled().content_hash == compiled(copy.deepcopy(BANK)).content_hash
+    assert compiled(grid_points=31).content_hash != compiled().content_hash
+    inst = compiled()
+    decoded = codec.decode(*codec.encode(inst), inst.content_hash)
+    assert decoded.theta.tolist() == inst.theta.tolist()
+    assert engine.CompiledInstance(**{f: getattr(decoded, f) for f in (
+        "test_ids", "outcome_labels", "costs", "hypothesis_ids", "class_labels", "class_index", "prior",
+        "likelihood", "theta")}).content_hash == inst.content_hash
+
+
+def test_a_level_without_a_grid_point_is_a_warning():
+    body = copy.deepcopy(BANK)
+    body["item_bank"]["cut_scores"] = [0.01, 0.02]
+    inst = compiled(body, grid_points=9)
+    assert any("'proficient' holds no θ grid point" in w for w in inst.warnings)
+
+
+# --- Every rule a 422 with its path ---------------------------------------------------------
+
+def _with(change):
+    body = copy.deepcopy(BANK)
+    change(body["item_bank"])
+    return body
+
+
+RULES = [
+    ("item_bank.items[0].a", lambda b: b["items"][0].update(a=0)),
+    ("item_bank.items[0].a", lambda b: b["items"][0].update(a=-1.5)),
+    ("item_bank.items[0].c", lambda b: b["items"][0].update(c=1)),
+    ("item_bank.items[0].c", lambda b: b["items"][0].update(c=-0.1)),
+    ("item_bank.items[0].c", lambda b: b["items"][0].pop("c")),
+    ("item_bank.items[2].c", lambda b: b["items"][2].update(c=0.1)),
+    ("item_bank.items[3].a", lambda b: b["items"][3].update(a=1.0)),
+    ("item_bank.items[2].b", lambda b: b["items"][2].pop("b")),
+    ("item_bank.items[1].thresholds[2]", lambda b: b["items"][1].update(thresholds=[-1, 1, 0])),
+    ("item_bank.items[1].thresholds[1]", lambda b: b["items"][1].update(thresholds=[0, 0])),
+    ("item_bank.items[1].thresholds", lambda b: b["items"][1].update(thresholds=[])),
+    ("item_bank.items[1].b", lambda b: b["items"][1].update(b=0.0)),
+    ("item_bank.items[4].a", lambda b: b["items"][4].pop("a")),
+    ("item_bank.items[4].id", lambda b: b["items"][4].update(id="i1")),
+    ("item_bank.items[0].model", lambda b: b["items"][0].update(model="4PL")),
+    ("item_bank.items", lambda b: b.update(items=[])),
+    ("item_bank.levels", lambda b: b.update(levels=["low", "high"])),
+    ("item_bank.levels[1]", lambda b: b.update(levels=["low", "low", "high"])),
+    ("item_bank.levels", lambda b: b.pop("cut_scores")),
+    ("item_bank.cut_scores[1]", lambda b: b.update(cut_scores=[0.8, -0.5])),
+    ("item_bank.cut_scores[1]", lambda b: b.update(cut_scores=[0.5, 0.5])),
+    ("item_bank.cut_scores[1]", lambda b: b.update(cut_scores=[0.5, 4.5])),
+    ("item_bank.cut_scores", lambda b: b.update(cut_scores=[], levels=["all"])),
+    ("item_bank.scaling", lambda b: b.update(scaling=0)),
+    ("item_bank.prior.sd", lambda b: b.update(prior={"mean": 0, "sd": 0})),
+    ("item_bank.prior", lambda b: b.update(prior={"mean": 0, "sd": 1, "grid": [0, 1], "weights": [1, 1]})),
+    ("item_bank.prior.weights", lambda b: b.update(prior={"grid": [-1, 0, 1], "weights": [1, 1]})),
+    ("item_bank.prior.grid[2]", lambda b: b.update(prior={"grid": [-1, 1, 0], "weights": [1, 1, 1]})),
+    ("item_bank.prior.weights[1]", lambda b: b.update(prior={"grid": [-1, 0, 1], "weights": [1, -1, 1]})),
+    ("item_bank.prior.weights[1]", lambda b: b.update(prior={"grid": [-1, 0, 1], "weights": [1, 1e-12, 1]})),
+    ("item_bank.prior.weights", lambda b: b.update(prior={"grid": [-1, 0, 1], "weights": [0, 0, 0]})),
+]
+
+
+@pytest.mark.parametrize("path, change", RULES)
+def test_every_rule_is_refused_at_its_path(path, change):
+    with pytest.raises(ValidationError) as raised:
+        Instance.model_validate(_with(change))
+    assert path in {json_path(tuple(e["loc"])) for e in raised.value.errors()}
+
+
+def test_an_item_bank_takes_no_other_form():
+    body = copy.deepcopy(BANK)
+    body["tests"] = TRIAGE["tests"]
+    with pytest.raises(ValidationError) as raised:
+        Instance.model_validate(body)
+    assert "tests" in {json_path(tuple(e["loc"])) for e in raised.value.errors()}
+    with pytest.raises(ValidationError) as raised:
+        Instance.model_validate({"hypotheses": TRIAGE["hypotheses"]})
+    assert "tests" in {json_path(tuple(e["loc"])) for e in raised.value.errors()}
+
+
+def test_rules_over_http_are_422_with_paths_and_store_nothing(client):
+    response = client.post("/v1/instances", json=_with(lambda b: b["items"][0].update(a=0, c=1)))
+    assert response.status_code == 422 and response.mimetype == PROBLEM
+    paths = {e["path"] for e in response.get_json()["errors"]}
+    assert {"item_bank.items[0].a", "item_bank.items[0].c"} <= paths
+    assert client.get("/v1/instances").get_json()["items"] == []
+
+
+# --- The θ estimate in the state, and max_se -------------------------------------------------
+
+def naive_posterior(answers, grid_points=61):
+    theta = np.linspace(-4, 4, grid_points)
+    weights = np.exp(-theta ** 2 / 2)
+    items = {i["id"]: i for i in BANK["item_bank"]["items"]}
+    for test, outcome in answers:
+        weights = weights * np.array([naive_row(items[test], float(x))[int(outcome)] for x in theta])
+    weights = weights / weights.sum()
+    eap = float((weights * theta).sum())
+    return theta, weights, eap, math.sqrt(float((weights * (theta - eap) ** 2).sum()))
+
+
+def test_state_carries_eap_and_sd_of_theta(client):
+    created = client.post("/v1/instances", json=BANK)
+    assert created.status_code == 201
+    instance_id = created.get_json()["instance_id"]
+    session = client.post("/v1/sessions", json={"instance_id": instance_id, "max_tests": 4})
+    assert session.status_code == 201
+    state = session.get_json()
+    _, _, eap, sd = naive_posterior([])
+    assert state["theta"] == pytest.approx({"eap": eap, "sd": sd}, abs=1e-9)
+    answers = [("i1", "1"), ("i2", "3"), ("i5", "0")]
+    url = f"/v1/sessions/{state['session_id']}/observations"
+    state = client.post(url, json={"observations": [{"test": t, "outcome": o} for t, o in answers]}).get_json()
+    theta, weights, eap, sd = naive_posterior(answers)
+    assert state["theta"] == pytest.approx({"eap": eap, "sd": sd}, abs=1e-9)
+    levels = {"basic": weights[theta < -0.5].sum(), "proficient": weights[(theta >= -0.5) & (theta < 0.8)].sum(),
+              "advanced": weights[theta >= 0.8].sum()}
+    assert state["class_posterior"] == pytest.approx({k: v for k, v in levels.items() if v > 0}, abs=1e-9)
+    triage = client.post("/v1/sessions", json={"instance": TRIAGE}).get_json()
+    assert "theta" not in triage
+
+
+def test_max_se_stops_once_the_posterior_sd_is_small_enough():
+    inst = compiled()
+    rules = engine.StopRules(max_se=0.75)
+    policy = engine.resolve_policy(inst, "infogain")
+    observations: list = []
+    while True:
+        belief = engine.observe(inst, observations)
+        decision = engine.decide(belief, policy, rules)
+        _, _, _, sd = naive_posterior([(inst.test_ids[t], inst.outcome_labels[t][k]) for t, k in observations])
+        if decision.done:
+            break
+        assert sd > 0.75
+        t = decision.next_test
+        observations.append((t, inst.arity[t] - 1))  # always the top outcome
+    assert decision.stop_reason in ("max_se", "tests_exhausted")
+    assert (decision.stop_reason == "max_se") == (sd <= 0.75)
+
+
+def test_max_se_needs_an_item_bank(client):
+    response = client.post("/v1/sessions", json={"instance": TRIAGE, "max_se": 0.3})
+    assert response.status_code == 422 and response.mimetype == PROBLEM
+    response = client.post("/v1/sessions", json={"instance": BANK, "max_se": 0})
+    assert response.status_code == 422
+    done = client.post("/v1/sessions", json={"instance": BANK, "max_se": 5.0}).get_json()
+    assert done["done"] and done["stop_reason"] == "max_se"
