@@ -62,6 +62,7 @@ MAX_TOTAL_COST = 1e300
 # Each rule reports at most this many problems: the first ones say enough, and a hostile body
 # must not make a megabyte of errors.
 MAX_PROBLEMS = 50
+
 DisplayText = Annotated[str, Field(min_length=1, max_length=TEXT_MAX_LENGTH)]
 
 
