@@ -141,6 +141,12 @@ REJECTIONS = {
     "max_flips past the number of tests": (edit(columnar, set_in(["max_flips"], 3)), "max_flips"),
     "an unknown skip cost": (edit(per_hypothesis, set_in(["skip_cost"], "sometimes")), "skip_cost"),
     "empty test text": (edit(per_hypothesis, set_in(["tests", 0, "text"], "")), "tests[0].text"),
+    "an infinite prior mean of an item bank": (
+        {"item_bank": {"items": [{"id": "q1", "model": "2PL", "a": 1.0, "b": 0.0}], "prior": {"mean": math.inf, "sd": 1}}},
+        "item_bank.prior.mean"),
+    "an empty content area of an item": (
+        {"item_bank": {"items": [{"id": "q1", "model": "1PL", "b": 0.0, "content_area": ""}]}},
+        "item_bank.items[0].content_area"),
     "text for an outcome the test lacks": (
         edit(per_hypothesis, set_in(["tests", 0, "outcome_text"], {"maybe": "Maybe"})), "tests[0].outcome_text.maybe"),
 }
@@ -182,8 +188,10 @@ def test_every_field_of_the_wire_instance_has_a_rejection_naming_its_place():
     adding an instance form)."""
     from tests.test_big_instances import REFUSED
     from tests.test_decisions import REJECTIONS as DECISION_REJECTIONS
+    from tests.test_item_banks import RULES as ITEM_BANK_RULES
 
     paths = [path for catalogue in (REJECTIONS, DECISION_REJECTIONS, REFUSED) for _, path in catalogue.values()]
+    paths += [path for path, _ in ITEM_BANK_RULES]
     named = {part for path in paths for part in re.split(r"[.\[\]]+", path) if part and not part.isdigit()}
     top = {re.split(r"[.\[]", path)[0] for path in paths}
     fields = wire_fields()
@@ -241,6 +249,9 @@ SPELLINGS = {"columnar": (per_hypothesis, columnar), "likelihood columnar": (lik
 # Fields that qualify an instance in any form rather than spell its hypotheses: the noise model,
 # what a skip costs, and decisions (their forms: tests/test_decisions.py).
 OPTIONS = {"noise", "max_flips", "skip_cost", "decisions", "loss_tolerance", "acceptable_matrix", "loss_matrix"}
+# Forms that make their hypotheses from a model, which no other form spells (an item bank's θ
+# grid is part of its id): the test comparing what they compile to with the model's formulas.
+MODELS = {"item_bank": "tests/test_item_banks.py::test_likelihoods_are_the_irt_probabilities_at_each_grid_point"}
 
 
 @pytest.mark.parametrize("name", SPELLINGS)
@@ -251,10 +262,15 @@ def test_every_form_compiles_to_the_instance_its_per_hypothesis_spelling_does(na
 
 def test_every_field_of_the_wire_instance_is_in_a_compared_form_or_an_option():
     """A new form's fields fail here until SPELLINGS holds the form beside its per-hypothesis
-    spelling (docs/architecture.md: adding an instance form)."""
+    spelling, or MODELS names the test of what it compiles to (docs/architecture.md: adding an
+    instance form)."""
     spelt = {name for pair in SPELLINGS.values() for spell in pair for name in spell()}
-    missing = wire_fields()["Instance"] - spelt - OPTIONS
+    missing = wire_fields()["Instance"] - spelt - OPTIONS - MODELS.keys()
     assert not missing, f"no form in SPELLINGS uses {sorted(missing)}"
+    root = Path(__file__).resolve().parent.parent
+    for reference in MODELS.values():
+        file, test = reference.split("::")
+        assert re.search(rf"^def {test}\(", (root / file).read_text(), re.M), f"{reference} is not a test"
 
 
 def test_every_field_of_the_wire_instance_is_in_the_docs():
@@ -262,7 +278,9 @@ def test_every_field_of_the_wire_instance_is_in_the_docs():
     docs = Path(__file__).resolve().parent.parent / "docs"
     text = "".join(page.read_text() for page in sorted(docs.glob("*.md")) if page.name != "architecture.md")
     for model, names in wire_fields().items():
-        undocumented = {name for name in names if f"`{name}`" not in text and f'"{name}"' not in text}
+        # Named in code: "name", or inside a code span such as `name` or `{grid, weights}`.
+        in_code = {word for span in re.findall(r"`([^`\n]+)`", text) for word in re.findall(r"\w+", span)}
+        undocumented = {name for name in names if f'"{name}"' not in text and name not in in_code}
         assert not undocumented, f"no page of docs/ names {model}'s {sorted(undocumented)}"
 
 
