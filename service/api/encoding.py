@@ -11,7 +11,6 @@ part is read as a JSON body is, its array part becomes the numpy array of its fi
 
 from __future__ import annotations
 
-import json
 import zlib
 from typing import Any, TypeVar
 
@@ -27,6 +26,7 @@ from service.errors import ServiceError
 from service.settings import Settings
 
 from .context import services
+from .duplicate_keys import refuse_duplicate_keys
 from .errors import BodyTooLarge, MalformedJson, RequestValidationFailed, UnreadableBody, UnsupportedMediaType
 from .limits import check_depth, check_request
 from .multipart import instance_parts
@@ -166,45 +166,6 @@ def _validated(data: Any, model: type[Model], settings: Settings) -> Model:
     return parsed
 
 
-class _Repeated(dict):
-    """An object of the body that repeats ``key`` (made only while locating the repetition)."""
-
-    key: str
-
-
-def _keep_repeats(pairs: list[tuple[str, Any]]) -> dict:
-    obj = dict(pairs)
-    if len(obj) == len(pairs):
-        return obj
-    seen: set[str] = set()
-    repeated = _Repeated(obj)
-    repeated.key = next(key for key, _ in pairs if key in seen or seen.add(key))
-    return repeated
-
-
-def refuse_duplicate_keys(raw: bytes, data: Any) -> None:
-    """422 naming the first repeated object key (orjson would silently keep the last value).
-
-    Cheap test first: every key is followed by one ':' and orjson never escapes ':', so when the
-    parsed data, written back, has as many colons as the body (counting each ``\\u003a`` escape
-    as one) no key was dropped. Otherwise the body is parsed again, slowly, to find the key."""
-    colons = raw.count(b":")
-    if b"\\u003" in raw:  # one scan for both escapes, which almost no body has
-        colons += raw.count(b"\\u003a") + raw.count(b"\\u003A")
-    if colons == 0 or dumps(data).count(b":") >= colons:
-        return
-    found = json.loads(raw, object_pairs_hook=_keep_repeats)
-    stack: list[tuple[tuple[str | int, ...], Any]] = [((), found)]
-    while stack:
-        loc, value = stack.pop()
-        if isinstance(value, _Repeated):
-            path = json_path((*loc, value.key))
-            raise RequestValidationFailed("the request body repeats a key", [
-                {"path": path, "message": f"duplicate key '{value.key}': which value is meant is ambiguous"}])
-        if isinstance(value, dict):
-            stack.extend(((*loc, key), item) for key, item in reversed(value.items()))
-        elif isinstance(value, list):
-            stack.extend(((*loc, i), item) for i, item in reversed(list(enumerate(value))))
 GZIP_CODINGS = ("gzip", "x-gzip")
 
 
