@@ -183,9 +183,26 @@ def test_derived_bytes_cover_what_the_engine_keeps_on_an_instance_and_the_cache_
         for policy in ("eced", "infogain"):
             engine.next_step(inst, [], policy)
         kept = [inst.log_prior, inst.arity, inst.class_runs.run, inst.class_runs.slot, inst.largest_likelihood_ratios]
-        kept += [a for a in (inst.outcome_bits, inst.packed_outcomes, inst.outcome_entropy) if a is not None]
+        kept += [a for a in (inst.outcome_bits, inst.packed_outcomes, inst.outcome_entropy, inst.likelihood_ratios)
+                 if a is not None]
         assert inst.derived_nbytes >= sum(a.nbytes for a in kept)
         assert resident_bytes(inst) == counted_before >= inst.nbytes + inst.derived_nbytes
+
+
+def test_ecds_ratio_table_is_each_likelihood_over_the_largest_of_its_test_and_counted_only_where_kept(monkeypatch):
+    rng = np.random.default_rng(11)
+    inst = random_instance(rng, "likelihood", False, n=30, n_tests=5)
+    table = inst.likelihood_ratios
+    for h in range(inst.n_hypotheses):
+        for t in range(inst.n_tests):
+            cells = [float(inst.likelihood[h, t, k]) for k in range(inst.max_outcomes)]
+            assert table[h, :, t].tolist() == [c / max(cells) for c in cells]
+    counted = inst.derived_nbytes
+    assert counted >= table.nbytes + inst.outcome_entropy.nbytes
+    # Past the bound nothing is kept, nor counted: the step computes the ratios itself.
+    monkeypatch.setattr(compiled_module, "RATIO_TABLE_MAX_BYTES", table.nbytes - 1)
+    past = dataclasses.replace(inst)
+    assert past.likelihood_ratios is None and past.derived_nbytes == counted - table.nbytes
 
 
 def test_the_padded_table_of_a_whole_version_space_is_kept_counted_and_holds_each_row_in_its_slot():

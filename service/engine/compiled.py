@@ -29,6 +29,10 @@ BIT_PLANE_MAX_OUTCOMES = 4
 DENSE_CELLS = 1 << 17
 PADDED_RUNS = 16
 PADDED_GROWTH = 4
+# ECED's ratios λ (CompiledInstance.likelihood_ratios) are kept up to this many bytes: a step reads
+# them instead of a max and a division over the tensor (~1.9× effecxtive's step, bench/engine.py
+# --policies); past it a step computes them, and a big instance's cache entry holds no second tensor.
+RATIO_TABLE_MAX_BYTES = 1 << 25
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,6 +239,21 @@ class CompiledInstance:
         return entropy
 
     @cached_property
+    def likelihood_ratios(self) -> np.ndarray | None:
+        """(n, ℓ, N), read-only: λ(h, t, x) = P(X_t = x | h) / max_x′ P(X_t = x′ | h), what ECED reads
+        (statistics.py); None for deterministic instances and past RATIO_TABLE_MAX_BYTES. Built on
+        first use; :attr:`derived_nbytes` counts it."""
+        if self.outcomes is not None or 8 * self.likelihood.size > RATIO_TABLE_MAX_BYTES:
+            return None
+        by_outcome = self.likelihood_by_outcome
+        ratios, step = np.empty(by_outcome.shape), max(1, (1 << 17) // (self.n_tests * self.max_outcomes))
+        for start in range(0, self.n_hypotheses, step):  # rows sum to 1: the largest is ≥ 1/ℓ
+            cells = by_outcome[start:start + step]
+            np.divide(cells, cells.max(axis=1, keepdims=True), out=ratios[start:start + step])
+        ratios.setflags(write=False)
+        return ratios
+
+    @cached_property
     def largest_likelihood_ratios(self) -> np.ndarray:
         """(N, ℓ): max over every hypothesis θ of λ(θ, t, x) = P(X_t = x | θ) / max_x′ P(X_t = x′ | θ),
         each likelihood divided by the largest of its test (1 where some hypothesis gives x for
@@ -274,15 +293,16 @@ class CompiledInstance:
     def derived_nbytes(self) -> int:
         """Bytes of what the engine derives from the instance and keeps on it (:attr:`outcome_bits`,
         :attr:`packed_outcomes`, :attr:`padded_answers`, :attr:`log_prior`, :attr:`class_runs`,
-        :attr:`arity`, :attr:`largest_likelihood_ratios`, :attr:`outcome_entropy`), counted whether
-        built yet or not: a cache's budget must hold them from the start."""
+        :attr:`arity`, :attr:`largest_likelihood_ratios`, :attr:`outcome_entropy`, :attr:`likelihood_ratios`),
+        counted whether built yet or not: a cache's budget must hold them from the start."""
         n, n_tests = self.n_hypotheses, self.n_tests
         derived = 24 * n + 8 * n_tests + 8 * n_tests * self.max_outcomes
         if self.uses_padded_answers:
             runs = self.class_runs
             derived += 8 * runs.count * runs.longest * self.max_outcomes * n_tests
         if self.outcomes is None:
-            return derived + 8 * n * n_tests
+            ratios = 8 * self.likelihood.size
+            return derived + 8 * n * n_tests + (ratios if ratios <= RATIO_TABLE_MAX_BYTES else 0)
         if self.outcomes.dtype == np.uint8 and self.max_outcomes <= 2:
             derived += n * -(-n_tests // 8)
         if self.max_outcomes <= BIT_PLANE_MAX_OUTCOMES:

@@ -109,24 +109,30 @@ def uncertainty_gain(stats: OutcomeStats) -> np.ndarray:
 
 
 def eced_gain(stats: OutcomeStats) -> np.ndarray:
-    """ECED, equivalence class edge discounting (Chen, Hassani & Krause, AISTATS 2017).
+    """ECED, equivalence class edge discounting (Chen, Hassani & Krause, *Near-optimal Bayesian
+    Active Learning with Correlated and Noisy Tests*, AISTATS 2017, section 4: the ECED algorithm).
 
-    Root causes θ (the hypotheses) in equivalence classes y (the classes); an edge joins every
-    two root causes of different classes, E = {{θ, θ′} : y(θ) ≠ y(θ′)}, weighted by
-    w_ψ({θ, θ′}) = P(θ, ψ)·P(θ′, ψ) after the observations ψ. An outcome x of test e discounts
-    an edge instead of cutting it, by λ_{θ,x}·λ_{θ′,x} with λ_{θ,x} = P(X_e = x | θ) / max_x′
-    P(X_e = x′ | θ), and the offset removes the discount noise alone would give:
+    Root causes θ (the hypotheses) map to equivalence classes y = r(θ) (the classes); an edge joins
+    every two root causes of different classes, E = {{θ, θ′} : r(θ) ≠ r(θ′)}, weighted by the
+    product of their probabilities with the observations ψ, w_ψ({θ, θ′}) = P(θ, ψ)·P(θ′, ψ) (the
+    prior product, multiplied by P(x | θ)P(x | θ′) at each observation). An outcome x_e of test e
+    discounts each edge instead of cutting it, by λ_{θ,x_e}·λ_{θ′,x_e} with the likelihood ratio
+    λ_{θ,x_e} = P(x_e | θ) / max_x P(x | θ). The score is the expected discount less an offset,
+    the discount a test's noise alone would give, so that a test every root cause answers alike
+    scores 0 however noisy:
 
-        Δ_ECED(e | ψ) = Σ_x P(x | ψ) [δ_BS(e, x) − δ_OFFSET(e, x)],
-        δ_BS(e, x) = Σ_{{θ,θ′} ∈ E} w_ψ({θ, θ′}) (1 − λ_{θ,x} λ_{θ′,x}),
-        δ_OFFSET(e, x) = Σ_{{θ,θ′} ∈ E} w_ψ({θ, θ′}) (1 − max_θ″ λ²_{θ″,x}),
+        Δ_ECED(e | ψ) = Σ_x P(X_e = x | ψ) [δ_BS(x) − δ_OFFSET(x)],
+        δ_BS(x) = Σ_{{θ,θ′} ∈ E} w_ψ({θ, θ′}) (1 − λ_{θ,x} λ_{θ′,x}),
+        δ_OFFSET(x) = Σ_{{θ,θ′} ∈ E} w_ψ({θ, θ′}) (1 − max_θ″ λ²_{θ″,x}),
 
-    the max over every hypothesis of the instance. Each edge gains w_ψ(max λ² − λλ′) ≥ 0, and a
-    test that every root cause answers alike gains 0. With a(h) the normalised masses, sums over
-    E are the fast form of EC² (no O(n²) edge list): Σ_E w = ½(1 − Σ_i b_i²) and
-    Σ_E w λλ′ = ½[(Σ_h a λ)² − Σ_i (Σ_{h ∈ H_i} a λ)²] (:class:`~.statistics.LikelihoodRatioSums`),
-    so a step costs O(|V|·N·ℓ) time and O(N·ℓ) memory. On a deterministic instance λ is 0 or 1,
-    the offset is 0 wherever p(x) > 0, and Δ_ECED = Δ_EC."""
+    the max over every root cause of the instance (a constant per test and outcome). Each edge
+    gains w_ψ(max λ² − λλ′) ≥ 0. With a(h) = P(θ | ψ) the normalised masses (edge weights divided by
+    P(ψ)², the same for every test: ``score_power`` 2), sums over E take EC²'s fast form (no O(n²)
+    edge list):
+    Σ_E w = ½(1 − Σ_i b_i²) and Σ_E w λλ′ = ½[(Σ_h a λ)² − Σ_i (Σ_{h ∈ H_i} a λ)²]
+    (:class:`~.statistics.LikelihoodRatioSums`), so a step costs O(|V|·N·ℓ) time and O(N·ℓ)
+    memory (the ratios λ kept on an instance of up to RATIO_TABLE_MAX_BYTES, compiled.py). On a
+    deterministic instance λ is 0 or 1, the offset is 0 wherever p(x) > 0, and Δ_ECED = Δ_EC."""
     sums = stats.derived["likelihood_ratio_sums"]
     remaining = 0.5 * (1.0 - np.dot(stats.b, stats.b))
     discounted = 0.5 * (sums.ratio_mass * sums.ratio_mass - sums.ratio_sum_sq)

@@ -87,7 +87,6 @@ _RATIO_BLOCK_CELLS = 1 << 17
 class _RowBlock(NamedTuple):
     rows: slice | np.ndarray  # the block's rows of the instance
     weight: np.ndarray  # (r,) a(h) = w(h)/M
-    cells: np.ndarray  # (r, ℓ, N) P(X_t = x | h)
     classes: np.ndarray  # (r,) class of each row, in runs
     alone: np.ndarray  # (r,) bool: the row is the only alive hypothesis of its class
     continues: bool  # the block's last class goes on in the next block
@@ -104,12 +103,11 @@ def _row_blocks(belief: Belief, block_cells: int):
     alone = np.repeat(lengths == 1, lengths)
     total = belief.total_mass
     weight = belief.mass if total == 1.0 else belief.mass / total
-    by_outcome = inst.likelihood_by_outcome
     block_rows = max(1, block_cells // (inst.n_tests * inst.max_outcomes))
     for start in range(0, alive.size, block_rows):
         stop = min(alive.size, start + block_rows)
         rows = slice(start, stop) if full else alive[start:stop]
-        yield _RowBlock(rows, weight[start:stop], by_outcome[rows], classes[start:stop], alone[start:stop],
+        yield _RowBlock(rows, weight[start:stop], classes[start:stop], alone[start:stop],
                         stop < alive.size and classes[stop] == classes[stop - 1])
 
 
@@ -128,22 +126,34 @@ def _class_sums(values: np.ndarray, classes: np.ndarray, carried: np.ndarray | N
 
 
 def _likelihood_ratio_sums(belief: Belief, reductions: OutcomeStats | None) -> LikelihoodRatioSums:
-    """One pass over the alive rows in blocks: per block the ratios λ = L / max_x L (in cache),
-    p and Σ a λ by GEMVs, and Σ_i (Σ_{h ∈ H_i} a λ)² by a GEMV of a² against λ² for the rows
-    alone in their class, by per-class sums for the others (a class cut by a block's end carried
-    into the next). O(|V|·N·ℓ) time, O(N·ℓ) memory beyond the block."""
+    """One pass over the alive rows in blocks: p by a GEMV on the likelihoods, the block's ratios
+    λ read from the instance's table (:attr:`~.compiled.CompiledInstance.likelihood_ratios`) or,
+    past its size bound, computed as L / max_x L in a scratch buffer; then Σ a λ by a GEMV, and
+    Σ_i (Σ_{h ∈ H_i} a λ)² by a GEMV of a² against λ² for the rows alone in their class, by
+    per-class sums for the others (a class cut by a block's end carried into the next).
+    O(|V|·N·ℓ) time, O(N·ℓ) memory beyond the block and the table."""
     inst = belief.instance
     if inst.outcomes is not None:
         return LikelihoodRatioSums(reductions.p, reductions.p, reductions.sum_sq, inst.largest_likelihood_ratios)
     n_tests, width = inst.n_tests, inst.max_outcomes
+    by_outcome, table = inst.likelihood_by_outcome, inst.likelihood_ratios
     p, ratio_mass, ratio_sum_sq = (np.zeros(width * n_tests) for _ in range(3))
-    buffer, carried = None, None
+    buffer, carried, total = None, None, 0.0
     for block in _row_blocks(belief, _RATIO_BLOCK_CELLS):
-        rows, w, cells = len(block.weight), block.weight, block.cells
+        rows, w = len(block.weight), block.weight
         if buffer is None:
-            buffer = np.empty(cells.shape)
-        p += w @ cells.reshape(rows, -1)
-        ratios = np.divide(cells, cells.max(axis=1, keepdims=True), out=buffer[:rows]).reshape(rows, -1)
+            buffer = np.empty((rows, width * n_tests))
+        if table is None:
+            cells = by_outcome[block.rows]
+            p += w @ cells.reshape(rows, -1)
+            ratios = np.divide(cells, cells.max(axis=1, keepdims=True), out=buffer[:rows].reshape(cells.shape))
+        else:
+            # Outcomes 0 … ℓ−2 only: the last follows from the total (below), and this GEMV reads
+            # the likelihoods from memory, not from the cache as the division above leaves them.
+            p[: -n_tests] += w @ by_outcome[block.rows, : width - 1].reshape(rows, -1)
+            total += w.sum()
+            ratios = table[block.rows]
+        ratios = ratios.reshape(rows, -1)
         ratio_mass += w @ ratios
         together = ~block.alone
         if together.any():
@@ -151,8 +161,14 @@ def _likelihood_ratio_sums(belief: Belief, reductions: OutcomeStats | None) -> L
                                         block.continues)
             ratio_sum_sq += np.einsum("cj,cj->j", done, done)
             w = np.where(block.alone, w, 0.0)
-        np.square(ratios, out=ratios)
-        ratio_sum_sq += (w * w) @ ratios  # the rows alone in their class: Σ_h a² λ²
+        # The rows alone in their class: Σ_h a² λ² (the table is read-only: its squares go to the buffer).
+        ratio_sum_sq += (w * w) @ np.square(ratios, out=buffer[:rows])
+    if table is not None:
+        # Every row sums to 1 over the outcomes. The complement is round-off (±1e-17) where no
+        # alive hypothesis gives the last outcome (a test of fewer outcomes, or a sure answer); there
+        # Σ a λ is exactly 0 as well (λ > 0 exactly where P > 0), and so is p.
+        last = total - p[: -n_tests].reshape(width - 1, n_tests).sum(axis=0)
+        p[-n_tests:] = np.where(ratio_mass[-n_tests:] > 0, np.maximum(last, 0.0), 0.0)
     ratio_mass, ratio_sum_sq = (s.reshape(width, n_tests).T for s in (ratio_mass, ratio_sum_sq))
     # 0 ≤ Σ_i (Σ a λ)² ≤ (Σ a λ)² exactly; round-off must not make the discounted weight negative.
     np.clip(ratio_sum_sq, 0.0, ratio_mass * ratio_mass, out=ratio_sum_sq)
@@ -183,9 +199,10 @@ def _entropy_sums(belief: Belief, reductions: OutcomeStats | None) -> EntropySum
     entropy = inst.outcome_entropy
     p, sum_xlogx = np.zeros(width * n_tests), np.zeros(n_tests)
     carried = None
+    by_outcome = inst.likelihood_by_outcome
     for block in _row_blocks(belief, _RATIO_BLOCK_CELLS):
         rows, w = len(block.weight), block.weight
-        flat = block.cells.reshape(rows, -1)
+        flat = by_outcome[block.rows].reshape(rows, -1)
         p += w @ flat
         together = ~block.alone
         if together.any():
