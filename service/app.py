@@ -23,7 +23,7 @@ from .api import evaluation, health, instances, observability, security, select,
 from .api.context import EXTENSION, Services
 from .api.encoding import OrjsonProvider
 from .api.problems import register_problems
-from .adapters import cat
+from .adapters import cat, fhir
 from . import ui
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
     for blueprint in (instances.bp, sessions.bp, select.bp, health.bp, evaluation.bp):
         app.register_blueprint(blueprint)
     cat.install(app)  # /ims/cat/v1p0: the 1EdTech CAT façade over the same domain
+    fhir.install(app)  # /fhir: SDC adaptive questionnaires over the same domain
     ui.install(app)  # /ui and /docs, from package files
     return app
 

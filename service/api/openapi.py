@@ -48,6 +48,7 @@ from service.engine import POLICIES, policy_names
 
 from .contract import HEADER, REF, operation_of, problems, ref
 from .problems import PROBLEMS, TYPE_PREFIX
+from .security import OPEN_PATHS
 
 STATUS_TEXT = {400: ("Bad request: malformed JSON, an invalid header or query parameter, or a request that is "
                     "not valid HTTP/1.1 (bad Content-Length, both Content-Length and Transfer-Encoding, "
@@ -71,6 +72,8 @@ STATUS_TEXT = {400: ("Bad request: malformed JSON, an invalid header or query pa
 # Refusals any request can meet before the application sees it (service/worker/), and the
 # store's: documented on every operation.
 BELOW_THE_APPLICATION = (400, 408, 413, 414, 417, 431, 503)
+# FHIR's views list their own refusals, every one an OperationOutcome (service/adapters/fhir/).
+FHIR_PREFIX = "/fhir/"
 
 
 def _labels_accept_integers(node: Any) -> Any:
@@ -205,6 +208,10 @@ def build_spec() -> dict[str, Any]:
     # requests.
     for path, item in paths.items():
         for method, operation in item.items():
+            if path.startswith(FHIR_PREFIX):
+                if path not in OPEN_PATHS:
+                    operation["security"] = [{"bearerApiKey": []}, {}]
+                continue
             refused = cat_refusals if path.startswith(CAT_PREFIX) else problems
             extra = refused(*BELOW_THE_APPLICATION)
             if path.startswith(("/v1/", CAT_PREFIX)):

@@ -9,6 +9,7 @@
 3. CORS for browser front ends (flask-cors), exposing ``ETag`` and ``Retry-After``.
 
 Body limits are checked where the body is parsed (service/api/limits.py via parse_body).
+``/fhir`` is guarded as ``/v1`` is, but for its CapabilityStatement (``/fhir/metadata``).
 Operations routes (/healthz, /readyz, /metrics, /openapi.yaml) stay open: probes and scrapers
 carry no keys, and none of them touches tenant data.
 """
@@ -28,7 +29,9 @@ from . import auth
 from .problems import problem_response
 
 # The API and the protocol façades served over it (service/adapters/).
-PROTECTED_PREFIXES = ("/v1/", "/ims/cat/")
+PROTECTED_PREFIXES = ("/v1/", "/ims/cat/", "/fhir/")
+# FHIR's CapabilityStatement is what a client reads before it authenticates; it holds no tenant data.
+OPEN_PATHS = ("/fhir/metadata",)
 EXPOSED_HEADERS = ["ETag", "Retry-After", "Location", "Idempotent-Replayed", "WWW-Authenticate"]
 ALLOWED_HEADERS = ["Authorization", "Content-Type", "If-Match", "Idempotency-Key"]
 # Every method a /v1 route answers (tests/test_security.py checks them against the routes).
@@ -38,7 +41,9 @@ CORS_MAX_AGE = 600
 
 def _protected() -> bool:
     # Preflights carry no credentials by design (Fetch standard); flask-cors answers them.
-    return (request.path.startswith(PROTECTED_PREFIXES) or request.path == "/v1") and request.method != "OPTIONS"
+    path = request.path
+    return ((path.startswith(PROTECTED_PREFIXES) or path == "/v1") and path not in OPEN_PATHS
+            and request.method != "OPTIONS")
 
 
 def _limiter(store: SessionStore, rate_limit: str | None, burst: int | None, scope: str) -> RateLimiter | None:

@@ -1,0 +1,108 @@
+"""``/fhir``: the SDC adaptive-questionnaire operation, the instance as a Questionnaire, and the
+CapabilityStatement. Each view parses, calls the session domain once, and renders."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+from flask import Blueprint, Response, request
+from pydantic import RootModel, ValidationError
+
+from schemas.api import SelectRequest
+from service.api.context import sessions, tenant
+from service.api.contract import operation
+from service.api.encoding import parse_body
+
+from . import replay
+from .outcomes import FHIR_MEDIA_TYPE, FhirError, error_response
+from .resources import RESPONSE_PROFILE, capability_statement, question_item, questionnaire, result_items
+
+bp = Blueprint("fhir", __name__, url_prefix="/fhir")
+bp.register_error_handler(FhirError, error_response)
+
+FHIR_TAG = "fhir"
+INSTANCE_ID = re.compile(r"\A[0-9a-f]{64}\Z")
+
+
+class Resource(RootModel[dict[str, Any]]):
+    """A FHIR resource as posted: any JSON object (the adapter reads what it needs itself)."""
+
+
+def fhir_response(resource: dict[str, Any], status: int = 200) -> Response:
+    return Response(orjson.dumps(resource), status=status, content_type=FHIR_MEDIA_TYPE)
+
+
+def base_url() -> str:
+    # Not request.host_url: its IRI decoding took a tenth of a $next-question call.
+    served = request._get_current_object()
+    return f"{served.scheme}://{served.host}{served.root_path}"
+
+
+def _fhir_body(description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {FHIR_MEDIA_TYPE: {"schema": {"type": "object", "required": ["resourceType"]}}}}
+
+
+_OUTCOME = _fhir_body("An OperationOutcome saying what was refused and where (FHIRPath expressions)")
+
+
+@bp.get("/metadata")
+@operation("fhirMetadata", FHIR_TAG, "The FHIR CapabilityStatement: Questionnaire read and $next-question",
+           responses={"200": _fhir_body("A CapabilityStatement (FHIR R4)")})
+def metadata() -> Response:
+    return fhir_response(capability_statement(base_url()))
+
+
+@bp.get("/Questionnaire/<fhir_id:instance_id>")
+@operation("fhirReadQuestionnaire", FHIR_TAG, "An instance as an SDC adaptive Questionnaire (no items: "
+           "$next-question adds them)",
+           parameters=[{"name": "instance_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+           responses={"200": _fhir_body("A Questionnaire (sdc-questionnaire-adapt)"),
+                      **{str(status): _OUTCOME for status in (401, 404, 429)}})
+def read_questionnaire(instance_id: str) -> Response:
+    if not INSTANCE_ID.match(instance_id):
+        raise FhirError(404, "not-found", f"no Questionnaire '{instance_id}': ids are instance ids (64 hex digits)")
+    return fhir_response(questionnaire(base_url(), sessions().instance(instance_id, tenant())))
+
+
+@bp.post("/Questionnaire/$next-question")
+@operation("fhirNextQuestion", FHIR_TAG, "SDC $next-question: the QuestionnaireResponse with the next question, "
+           "or completed with the result; stateless, nothing is stored",
+           description="The body is a QuestionnaireResponse (sdc-questionnaireresponse-adapt) with a contained "
+                       "Questionnaire whose url is {base}/v1/instances/{id}, bare or as the 'questionnaire-response' "
+                       "parameter of a Parameters resource. Its answers are replayed as POST /v1/select replays "
+                       "observations (docs/integrations.md).",
+           body={"required": True, "description": "A QuestionnaireResponse, or Parameters carrying one",
+                 "content": {FHIR_MEDIA_TYPE: {"schema": {"type": "object", "required": ["resourceType"]}}}},
+           responses={"200": _fhir_body("The QuestionnaireResponse: in-progress with one more item in its contained "
+                                        "Questionnaire, or completed with the hidden result items"),
+                      **{str(status): _OUTCOME for status in (400, 401, 404, 413, 415, 422, 429)}})
+def next_question() -> Response:
+    posted = replay.read(parse_body(Resource).root)
+    domain, who, base = sessions(), tenant(), base_url()
+    compiled = domain.instance(posted.instance_id, who)
+    labelled, asked = replay.observations(posted, compiled)
+    try:
+        select = SelectRequest(instance_id=posted.instance_id, observations=[
+            {"test": test, "outcome": outcome} if outcome is not None else {"test": test, "skip": True}
+            for test, outcome in labelled])
+    except ValidationError as error:  # only past MAX_OBSERVATIONS_PER_REQUEST questions
+        raise FhirError(413, "too-costly", f"the questionnaire asks too many questions: {error.errors()[0]['msg']}",
+                        f"{posted.where}.contained[{posted.contained_at}].item") from None
+    step = orjson.loads(domain.select(select, who))
+    response, items = posted.response, posted.questionnaire.setdefault("item", [])
+    response.setdefault("questionnaire", "#" + str(posted.questionnaire.get("id", "")))
+    if step["done"] or step["next_test"] is None:
+        asked_items, answers = result_items(step)
+        items.extend(asked_items)
+        response.setdefault("item", []).extend(answers)
+        response["status"] = "completed"
+    else:
+        test = step["next_test"]["id"]
+        items.append(question_item(base, compiled, test, asked[test] + 1))
+    profiles = response.setdefault("meta", {}).setdefault("profile", [])
+    if isinstance(profiles, list) and RESPONSE_PROFILE not in profiles:
+        profiles.append(RESPONSE_PROFILE)
+    return fhir_response(response)

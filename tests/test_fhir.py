@@ -1,0 +1,252 @@
+"""The FHIR SDC adapter (/fhir) over the memory store and Redis: a whole adaptive questionnaire
+asks what ``/v1/select`` asks given the same answers and ends on its result; every resource it
+writes is valid FHIR (R4B's models); every refusal is an OperationOutcome naming its place, and
+nothing is stored."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from api_support import TRIAGE
+from fhir_support import (FHIR, NEXT, RESULT_LINK_IDS, answer, last_question, start, truth_answers, valid,
+                          worded_triage)
+
+
+def post(client, resource, content_type=FHIR):
+    body = resource if isinstance(resource, (bytes, str)) else json.dumps(resource)
+    return client.post(NEXT, data=body, content_type=content_type)
+
+
+def begin(client, instance) -> tuple[str, dict]:
+    instance_id = client.post("/v1/instances", json=instance).get_json()["instance_id"]
+    read = client.get(f"/fhir/Questionnaire/{instance_id}")
+    assert read.status_code == 200 and read.mimetype == FHIR
+    return instance_id, start(valid(read.get_json()))
+
+
+def select(client, instance_id, observations) -> dict:
+    return client.post("/v1/select", json={"instance_id": instance_id, "observations": observations}).get_json()
+
+
+def stored(client, app) -> tuple:
+    """What the store holds for the public tenant: the instances, and the sessions' count."""
+    store = app.extensions["edgecut"].store
+    return (tuple(i["instance_id"] for i in client.get("/v1/instances").get_json()["items"]),
+            store.count_sessions() if hasattr(store, "count_sessions") else None)
+
+
+@pytest.mark.parametrize("truth", [0, 3, 7])
+def test_a_whole_questionnaire_asks_what_select_asks(client, truth):
+    instance = worded_triage()
+    instance_id, response = begin(client, instance)
+    truths, observations = truth_answers(instance, truth), []
+    tests = {t["id"]: t for t in instance["tests"]}
+    for asked in range(len(tests) + 1):
+        reply = post(client, response)
+        assert reply.status_code == 200 and reply.mimetype == FHIR, reply.get_data()
+        response = valid(reply.get_json())
+        reference = select(client, instance_id, observations)
+        if reference["done"]:
+            break
+        assert response["status"] == "in-progress"
+        item = last_question(response)
+        test = tests[reference["next_test"]["id"]]
+        assert item["linkId"] == test["id"] and item["text"] == test.get("text", test["id"])
+        assert [(o["valueCoding"]["code"], o["valueCoding"]["display"]) for o in item["answerOption"]] == \
+            [(label, test.get("outcome_text", {}).get(label, label)) for label in test["outcomes"]]
+        label = None if asked == 1 else truths[test["id"]]  # the second question is answered "unknown"
+        observations.append({"test": test["id"], "outcome": label} if label else {"test": test["id"], "skip": True})
+        response = answer(response, item, label)
+    assert response["status"] == "completed"
+    questions = response["contained"][0]["item"]
+    assert [i["linkId"] for i in questions[:-3]] == [o["test"] for o in observations]
+    assert all(i.get("readOnly") and i["extension"][0]["valueBoolean"] for i in questions[-3:])
+    results = {i["linkId"]: i["answer"][0] for i in response["item"] if i["linkId"] in RESULT_LINK_IDS}
+    assert results == {"$result.decision": {"valueString": reference["decision"]["id"]},
+                       "$result.probability": {"valueDecimal": reference["decision"]["probability"]},
+                       "$result.stop-reason": {"valueString": reference["stop_reason"]}}
+    assert truths  # the decision is one the truth accepts (by the instance's own losses)
+    losses = instance["hypotheses"][truth]["loss"]
+    assert losses[reference["decision"]["id"]] <= min(losses.values()) + instance["loss_tolerance"]
+
+
+def test_a_class_instance_ends_on_its_class(client):
+    instance_id, response = begin(client, TRIAGE)
+    response = valid(post(client, response).get_json())
+    response = answer(response, last_question(response), "abnormal")  # ecg: admit, by hand
+    done = valid(post(client, response).get_json())
+    assert done["status"] == "completed"
+    results = {i["linkId"]: i["answer"][0] for i in done["item"] if i["linkId"] in RESULT_LINK_IDS}
+    assert results == {"$result.class": {"valueString": "admit"}, "$result.probability": {"valueDecimal": 1.0},
+                       "$result.stop-reason": {"valueString": "determined"}}
+
+
+def test_an_unanswered_question_is_a_skip(client):
+    instance_id, response = begin(client, worded_triage())
+    first = valid(post(client, response).get_json())
+    again = valid(post(client, first).get_json())  # the first question left unanswered
+    skipped = last_question(first)["linkId"]
+    reference = select(client, instance_id, [{"test": skipped, "skip": True}])
+    assert last_question(again)["linkId"] == reference["next_test"]["id"] != skipped
+
+
+@pytest.mark.parametrize("name", ["questionnaire-response", "in"])
+def test_a_parameters_resource_carries_the_response(client, name):
+    _, response = begin(client, worded_triage())
+    bare = post(client, response).get_json()
+    wrapped = post(client, {"resourceType": "Parameters", "parameter": [{"name": name, "resource": response}]})
+    assert wrapped.status_code == 200 and wrapped.get_json() == bare
+
+
+def test_a_replay_answers_the_same_and_stores_nothing(client, app):
+    _, response = begin(client, worded_triage())
+    before = stored(client, app)
+    first = post(client, response).get_json()
+    answered = answer(first, last_question(first), "yes")
+    assert post(client, answered).get_json() == post(client, answered).get_json()
+    assert stored(client, app) == before
+
+
+def test_the_client_fields_come_back(client):
+    _, response = begin(client, worded_triage())
+    response.update(id="qr-1", subject={"reference": "Patient/p1"}, authored="2026-11-26T10:00:00Z")
+    back = valid(post(client, response).get_json())
+    assert (back["id"], back["subject"], back["authored"]) == ("qr-1", {"reference": "Patient/p1"},
+                                                                "2026-11-26T10:00:00Z")
+
+
+def test_metadata_lists_the_operation(client):
+    statement = valid(client.get("/fhir/metadata").get_json())
+    operations = statement["rest"][0]["resource"][0]["operation"]
+    assert operations == [{"name": "next-question",
+                           "definition": "http://hl7.org/fhir/uv/sdc/OperationDefinition/Questionnaire-next-question"}]
+
+
+def _unknown_outcome(r):
+    r["item"][0]["answer"][0]["valueCoding"]["code"] = "maybe"
+
+
+def _not_asked(r):
+    r["item"].append({"linkId": "ct_head", "answer": [{"valueCoding": {"code": "normal"}}]})
+
+
+def _stopped_again(r):
+    r["contained"][0]["item"].append({"linkId": "$result.decision", "type": "string", "readOnly": True})
+
+
+def _completed(r):
+    r["status"] = "completed"
+
+
+def _no_questionnaire(r):
+    r["contained"] = []
+
+
+def _other_instance(r):
+    r["contained"][0]["url"] = "http://x/v1/instances/" + "0" * 64
+
+
+def _no_instance_url(r):
+    r["contained"][0]["url"] = "http://example.org/Questionnaire/phq-9"
+
+
+def _string_answer(r):
+    r["item"][0]["answer"] = [{"valueString": "yes"}]
+
+
+def _other_system(r):
+    r["item"][0]["answer"][0]["valueCoding"]["system"] = "http://loinc.org"
+
+
+def _two_answers(r):
+    r["item"][0]["answer"] *= 2
+
+
+def _twice(r):
+    r["item"].append(copy.deepcopy(r["item"][0]))
+
+
+def _foreign_question(r):
+    r["contained"][0]["item"].append({"linkId": "pain-score", "type": "integer"})
+
+
+def _items_not_a_list(r):
+    r["item"] = {"linkId": "x"}
+
+
+@pytest.mark.parametrize("change, status, code, expression", [
+    (_unknown_outcome, 422, "code-invalid", "QuestionnaireResponse.item[0].answer[0].valueCoding.code"),
+    (_not_asked, 422, "invalid", "QuestionnaireResponse.item[1].linkId"),
+    (_stopped_again, 422, "business-rule", "QuestionnaireResponse.contained[0].item[1]"),
+    (_completed, 422, "business-rule", "QuestionnaireResponse.status"),
+    (_no_questionnaire, 400, "required", "QuestionnaireResponse.contained"),
+    (_other_instance, 404, "not-found", None),
+    (_no_instance_url, 400, "required", "QuestionnaireResponse.contained[0].url"),
+    (_string_answer, 422, "invalid", "QuestionnaireResponse.item[0].answer[0]"),
+    (_other_system, 422, "code-invalid", "QuestionnaireResponse.item[0].answer[0].valueCoding.system"),
+    (_two_answers, 422, "invalid", "QuestionnaireResponse.item[0].answer"),
+    (_twice, 400, "structure", "QuestionnaireResponse.item[1]"),
+    (_foreign_question, 422, "invalid", "QuestionnaireResponse.contained[0].item[1]"),
+    (_items_not_a_list, 400, "structure", "QuestionnaireResponse.item"),
+], ids=lambda v: v.__name__.strip("_") if callable(v) else None)
+def test_a_bad_response_is_an_operation_outcome(client, app, change, status, code, expression):
+    _, response = begin(client, worded_triage())
+    first = post(client, response).get_json()
+    answered = answer(first, last_question(first), "yes")
+    change(answered)
+    before = stored(client, app)
+    refused = post(client, answered)
+    assert_outcome(refused, status, code, expression)
+    assert stored(client, app) == before
+
+
+@pytest.mark.parametrize("body, content_type, status, code", [
+    (b"{", FHIR, 400, "structure"),
+    (b'{"resourceType": "QuestionnaireResponse", "status": "in-progress", "status": "x"}', FHIR, 400, "structure"),
+    (b"[1, 2]", FHIR, 400, "structure"),
+    (b'{"resourceType": "Patient"}', FHIR, 400, "structure"),
+    (b'{"resourceType": "Parameters", "parameter": [{"name": "other"}]}', FHIR, 400, "required"),
+    (b'{"resourceType": "QuestionnaireResponse"}', FHIR, 400, "required"),
+    (b'{"resourceType": "QuestionnaireResponse", "status": "in-progress"}', FHIR, 400, "required"),
+    (b"not json", "text/plain", 415, "not-supported"),
+    (b"\xff\xfe", "application/json", 400, "structure"),
+])
+def test_bad_fhir_and_bad_json_are_operation_outcomes(client, app, body, content_type, status, code):
+    before = stored(client, app)
+    assert_outcome(post(client, body, content_type), status, code, None)
+    assert stored(client, app) == before
+
+
+@pytest.mark.parametrize("method, path, status, code", [
+    ("get", "/fhir/Questionnaire/nope", 404, "not-found"),
+    ("get", "/fhir/Questionnaire/" + "0" * 64, 404, "not-found"),
+    ("get", "/fhir/Patient/1", 404, "not-found"),
+    ("delete", "/fhir/metadata", 405, "not-supported"),
+    ("put", NEXT, 405, "not-supported"),
+])
+def test_unknown_resources_and_methods_are_operation_outcomes(client, method, path, status, code):
+    assert_outcome(getattr(client, method)(path), status, code, None)
+
+
+def test_api_keys_guard_fhir_as_they_guard_v1(app_config):
+    from service.app import create_app
+
+    client = create_app({**app_config, "api_keys": "alpha:" + "k" * 32}).test_client()
+    assert client.get("/fhir/metadata").status_code == 200
+    assert_outcome(client.get("/fhir/Questionnaire/" + "0" * 64), 401, "login", None)
+    assert_outcome(post(client, {"resourceType": "QuestionnaireResponse"}), 401, "login", None)
+    keyed = {"Authorization": "Bearer " + "k" * 32}
+    instance_id = client.post("/v1/instances", json=TRIAGE, headers=keyed).get_json()["instance_id"]
+    assert client.get(f"/fhir/Questionnaire/{instance_id}", headers=keyed).status_code == 200
+
+
+def assert_outcome(response, status, code, expression):
+    assert response.status_code == status, response.get_data()
+    assert response.mimetype == FHIR
+    outcome = valid(response.get_json())
+    assert outcome["resourceType"] == "OperationOutcome"
+    assert outcome["issue"][0]["code"] == code and outcome["issue"][0]["severity"] == "error"
+    if expression is not None:
+        assert outcome["issue"][0]["expression"] == [expression]
