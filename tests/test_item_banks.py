@@ -255,3 +255,37 @@ def test_max_se_needs_an_item_bank(client):
     assert response.status_code == 422
     done = client.post("/v1/sessions", json={"instance": BANK, "max_se": 5.0}).get_json()
     assert done["done"] and done["stop_reason"] == "max_se"
+
+
+# --- edgecut evaluate on an item bank ---------------------------------------------------------
+
+TWO_POINTS = {"item_bank": {"items": [{"id": "sharp", "model": "2PL", "a": 60.0, "b": 0.0},
+                                      {"id": "flat", "model": "2PL", "a": 0.05, "b": 0.0}],
+                            "prior": {"grid": [-1.0, 1.0], "weights": [1, 1]}, "cut_scores": [0.0]}}
+
+
+def test_evaluation_reports_theta_rmse_and_the_top_exposure():
+    from service.evaluation import evaluate
+
+    inst = compiled(TWO_POINTS)
+    # No item: the EAP is the prior mean 0 and every examinee is 1 away from it.
+    before = evaluate(inst, ["infogain"], engine.StopRules(max_tests=0), samples=200).policies[0]
+    assert before.theta_rmse == pytest.approx(1.0) and before.top_exposure == 0.0
+    # One item: the sharp one tells θ apart (P(right) = 1/(1 + e^±60)), so the EAP is the true θ.
+    after = evaluate(inst, ["infogain"], engine.StopRules(max_tests=1), samples=200).policies[0]
+    assert after.theta_rmse == pytest.approx(0.0, abs=1e-12)
+    assert (after.top_exposure, after.top_exposure_item, after.expected_tests) == (1.0, "sharp", 1.0)
+    assert after.accuracy == 1.0
+
+
+def test_the_command_prints_them(tmp_path, capsys):
+    import json
+
+    from service.cli import main
+
+    path = tmp_path / "bank.json"
+    path.write_text(json.dumps(TWO_POINTS))
+    assert main(["evaluate", str(path), "--policies", "infogain", "--samples", "50", "--max-tests", "1",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "θ RMSE" in out and "100.0% (sharp)" in out

@@ -38,12 +38,14 @@ from service.engine import (
     final_decision,
     log_p_min_bound,
     mean_interval,
+    observe,
     optimal_decision_cost,
     optimal_expected_cost,
     policy_tree,
     recommend,
     resolve_policy,
     run_policy,
+    theta_estimate,
     wilson_interval,
 )
 
@@ -105,6 +107,12 @@ class PolicyEvaluation:
     # Decision instances: E[loss(true hypothesis, reported decision)] (Monte Carlo: with its interval).
     expected_loss: float | None = None
     expected_loss_ci: tuple[float, float] | None = None
+    # Item banks (Monte Carlo): the root mean square of EAP − true θ at the stop, with a 95 %
+    # interval, and the share of runs that gave the most-used item (which one).
+    theta_rmse: float | None = None
+    theta_rmse_ci: tuple[float, float] | None = None
+    top_exposure: float | None = None
+    top_exposure_item: str | None = None
 
     @property
     def determined_share(self) -> float:
@@ -243,7 +251,8 @@ def evaluate(
         n_classes=inst.n_classes,
         p_min=inst.p_min,
         rules={"max_tests": rules.max_tests, "max_cost": rules.max_cost,
-               "confidence": rules.effective_confidence(inst), "max_expected_loss": rules.max_expected_loss},
+               "confidence": rules.effective_confidence(inst), "max_expected_loss": rules.max_expected_loss,
+               **({} if rules.max_se is None else {"max_se": rules.max_se})},
         seed=seed,
         policies=results,
         optimum=opt,
@@ -368,6 +377,7 @@ def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEv
     reasons: list[str] = []
     trajectories: list[tuple[int, ...]] = []
     decisions: list[int | None] = []
+    runs: list = []
     tick = max(1, samples // 100)
     for i, h in enumerate(truths.tolist()):
         # One generator per sample, keyed by (seed, sample): a policy's result does not depend on
@@ -378,6 +388,7 @@ def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEv
         reasons.append(run.stop_reason.value)
         trajectories.append(run.map_classes)
         decisions.append(run.decision)
+        runs.append(run)
         if progress and (i + 1) % tick == 0:
             progress(tick)
     if progress and samples % tick:
@@ -415,4 +426,18 @@ def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEv
         accuracy_by_tests=right_by_step.mean(axis=0).tolist(),
         expected_loss=loss,
         expected_loss_ci=loss_ci,
+        **({} if inst.theta is None else _item_bank_figures(inst, runs)),
     )
+
+
+def _item_bank_figures(inst: CompiledInstance, runs: list) -> dict:
+    """θ RMSE (EAP at the stop against the simulated examinee's θ) and the top exposure rate."""
+    squared = np.array([(theta_estimate(observe(inst, run.observations))[0] - inst.theta[run.true_hypothesis]) ** 2
+                        for run in runs])
+    low, high = mean_interval(squared)
+    given = np.zeros(inst.n_tests)
+    for run in runs:
+        given[list({t for t, _ in run.observations})] += 1
+    top = int(np.argmax(given))
+    return {"theta_rmse": math.sqrt(squared.mean()), "theta_rmse_ci": (math.sqrt(max(low, 0.0)), math.sqrt(high)),
+            "top_exposure": float(given[top] / len(runs)), "top_exposure_item": inst.test_ids[top]}

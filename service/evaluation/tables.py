@@ -14,6 +14,9 @@ def format_tables(report: EvaluationReport, markdown: bool = False) -> str:
     monte_carlo = any(p.method == "monte_carlo" for p in report.policies)
     decisions = any(p.expected_loss is not None for p in report.policies)
     header = ["policy", "E[cost]", "E[tests]", "worst cost", "accuracy", "how runs end"]
+    item_bank = any(p.theta_rmse is not None for p in report.policies)
+    if item_bank:
+        header[5:5] = ["θ RMSE", "top exposure"]
     if decisions:
         header.insert(5, "E[loss]")
     if report.optimum is not None:
@@ -28,6 +31,9 @@ def format_tables(report: EvaluationReport, markdown: bool = False) -> str:
             accuracy += f" [{p.accuracy_ci[0]:.1%}, {p.accuracy_ci[1]:.1%}]"
         ends = ", ".join(f"{reason} {share:.1%}" for reason, share in p.stop_reasons.items())
         row = [p.policy, cost, _num(p.expected_tests), _num(p.worst_case_cost), accuracy, ends]
+        if item_bank:
+            row[5:5] = [f"{_num(p.theta_rmse)} [{_num(p.theta_rmse_ci[0])}, {_num(p.theta_rmse_ci[1])}]",
+                        f"{p.top_exposure:.1%} ({p.top_exposure_item})"]
         if decisions:
             loss = _num(p.expected_loss)
             if p.expected_loss_ci is not None:
@@ -45,6 +51,9 @@ def format_tables(report: EvaluationReport, markdown: bool = False) -> str:
         facts.append(f"Monte Carlo, {samples} runs per policy, seed {report.seed}; ± is a 95 % interval")
     else:
         facts.append("exact: expected values from walking each policy's decision tree")
+    if item_bank:
+        facts.append("item bank: examinees are θ grid points drawn from the prior; θ RMSE of the EAP at the stop; "
+                     "top exposure = share of examinees given the most-used item")
     if decisions:
         facts.append("accuracy = P(the decision at the stop is acceptable); E[loss] of that decision")
     if report.optimum is not None:

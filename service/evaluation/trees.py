@@ -100,7 +100,8 @@ def build_tree(
         # Keep the confidence the policy would run with: capping max_tests alone would switch
         # off the likelihood default (StopRules.effective_confidence), changing the policy.
         rules = StopRules(max_tests=cut, max_cost=rules.max_cost,
-                          confidence=rules.effective_confidence(inst), max_expected_loss=rules.max_expected_loss)
+                          confidence=rules.effective_confidence(inst), max_expected_loss=rules.max_expected_loss,
+                          max_se=rules.max_se)
     check = None
     if limits.time_limit is not None:
         deadline = time.monotonic() + limits.time_limit
