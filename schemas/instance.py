@@ -42,10 +42,16 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from .arrays import EncodedArray
 from .item_bank import ItemBank
-from .labels import LABEL_MAX_LENGTH, Label, Labels, LabelText, Number  # noqa: F401 (re-exported)
+from .labels import (  # noqa: F401 (re-exported)
+    LABEL_MAX_LENGTH,
+    TEXT_MAX_LENGTH,
+    DisplayText,
+    Label,
+    Labels,
+    LabelText,
+    Number,
+)
 
-# Display text (a question, an answer's wording) is for people, not an id: longer than a label.
-TEXT_MAX_LENGTH = 2000
 LIKELIHOOD_TOLERANCE = 1e-6
 # HEC sums over every set of decisions some hypothesis accepts (2^|acceptable| per distinct row),
 # so one hypothesis may accept at most this many; the number of decisions is bounded the same way.
@@ -62,8 +68,6 @@ MAX_TOTAL_COST = 1e300
 # Each rule reports at most this many problems: the first ones say enough, and a hostile body
 # must not make a megabyte of errors.
 MAX_PROBLEMS = 50
-
-DisplayText = Annotated[str, Field(min_length=1, max_length=TEXT_MAX_LENGTH)]
 
 
 def _array_form(value: Any) -> str:

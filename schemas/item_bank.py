@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .labels import Label, Labels, Number
+from .labels import DisplayText, Label, Labels, Number
 
 ItemModel = Literal["1PL", "2PL", "3PL", "GRM", "GPCM"]
 DICHOTOMOUS = frozenset({"1PL", "2PL", "3PL"})
@@ -42,6 +42,10 @@ class ItemSpec(_Wire):
     c: Number | None = None
     thresholds: list[Number] | None = None
     content_area: Label | None = None
+    # What people are shown, as a test's (schemas/instance.py): the question, and a wording per
+    # outcome label ("0" … "m").
+    text: DisplayText | None = None
+    outcome_text: dict[Label, DisplayText] | None = None
 
     @property
     def n_outcomes(self) -> int:
@@ -121,6 +125,9 @@ def _item_problems(items: Sequence[ItemSpec], where: Loc) -> list[Problem]:
             problems.append((at + ("c",), "c (guessing) must be in [0, 1)"))
         if item.thresholds is not None:
             problems += _threshold_problems(item, at + ("thresholds",))
+        allowed = [str(k) for k in range(item.n_outcomes)]
+        problems += [(at + ("outcome_text", label), f"'{label}' is not one of the item's outcomes {allowed}")
+                     for label in item.outcome_text or () if label not in allowed]
     return problems
 
 

@@ -9,6 +9,8 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, StrictFloat, StrictInt
 
 LABEL_MAX_LENGTH = 200
+# Display text (a question, an answer's wording) is for people, not an id: longer than a label.
+TEXT_MAX_LENGTH = 2000
 
 
 def _label_from_int(value: Any) -> Any:
@@ -32,3 +34,5 @@ Label = Annotated[LabelText, BeforeValidator(_label_from_int)]
 # A list of labels: integers become their decimal strings as for one label, the list at once.
 Labels = Annotated[list[LabelText], BeforeValidator(_labels_from_ints)]
 Number = StrictFloat | StrictInt
+# What people are shown of a test or an outcome (``text``, ``outcome_text``).
+DisplayText = Annotated[str, Field(min_length=1, max_length=TEXT_MAX_LENGTH)]

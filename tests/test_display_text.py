@@ -82,3 +82,25 @@ def test_bad_text_is_refused_with_its_path(client, change, path):
     assert response.status_code == 422
     assert path in [e["path"] for e in response.get_json()["errors"]]
     assert client.get("/v1/instances").get_json()["items"] == []
+
+
+BANK = {"item_bank": {"items": [
+    {"id": "num01", "model": "2PL", "a": 1.2, "b": 0.0, "text": "What is 3 × 4?", "outcome_text": {"1": "12"}},
+    {"id": "geo01", "model": "GPCM", "a": 0.9, "thresholds": [-0.5, 0.5], "text": "Name the triangle's angles."}],
+    "cut_scores": [0.0]}}
+
+
+def test_an_item_bank_shows_its_items_text(client):
+    state = client.post("/v1/select", json={"instance": BANK, "policy": "infogain"}).get_json()
+    items = {item["id"]: item for item in BANK["item_bank"]["items"]}
+    shown = state["next_test"]
+    assert shown["text"] == items[shown["id"]]["text"]
+    assert shown.get("outcome_text") == items[shown["id"]].get("outcome_text")
+
+
+def test_an_item_banks_outcome_text_names_its_outcomes(client):
+    bank = copy.deepcopy(BANK)
+    bank["item_bank"]["items"][1]["outcome_text"] = {"3": "full marks"}  # GPCM with 2 thresholds: 0, 1, 2
+    response = client.post("/v1/instances", json=bank)
+    assert response.status_code == 422
+    assert [e["path"] for e in response.get_json()["errors"]] == ["item_bank.items[1].outcome_text.3"]

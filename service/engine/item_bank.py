@@ -92,7 +92,8 @@ def bank_as_columns(instance: Instance, points: int, max_cells: int) -> tuple[In
         level = np.searchsorted(np.asarray(bank.cut_scores, dtype=np.float64), theta, side="right")
         labels = bank.level_labels()
         classes = [labels[k] for k in level.tolist()]
-    tests = [TestSpec(id=item.id, outcomes=[str(k) for k in range(item.n_outcomes)]) for item in bank.items]
+    tests = [TestSpec(id=item.id, outcomes=[str(k) for k in range(item.n_outcomes)], text=item.text,
+                      outcome_text=item.outcome_text) for item in bank.items]
     columnar = Instance(tests=tests, likelihood_matrix=likelihood, classes=classes, priors=prior.tolist(),
                         hypothesis_ids=ids, skip_cost=instance.skip_cost)
     return columnar, dict(zip(ids, theta.tolist()))
