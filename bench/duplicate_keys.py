@@ -84,7 +84,6 @@ def main() -> None:
             label = f"{name}, {len(raw) / MB:.0f} MB"
             print(f"{label:<28} {statistics.median(checks):9.3f} {statistics.median(parses):15.3f} "
                   f"{statistics.median(ratios):12.2f}  {outcome}", flush=True)
-            del raw, data
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from service.store.cache import resident_bytes
 
 from .api import evaluation, health, instances, observability, security, select, sessions
 from .api.context import EXTENSION, Services
-from .api.encoding import OrjsonProvider
+from .api.responses import OrjsonProvider
 from .api.problems import register_problems
 from .adapters import cat, fhir
 from . import ui

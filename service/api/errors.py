@@ -1,5 +1,6 @@
-"""Errors of an HTTP request's body: each a :class:`~service.errors.ServiceError` with a stable
-``code`` that service/api/problems.py maps to its status and problem+json body."""
+"""Errors the API layer raises (a request's body, parameters and headers; a missing renderer):
+each a :class:`~service.errors.ServiceError` with a stable ``code`` that service/api/problems.py
+maps to its status and problem+json body."""
 
 from __future__ import annotations
 
@@ -26,3 +27,15 @@ class BodyTooLarge(ServiceError):
 
 class RequestValidationFailed(ServiceError):
     code = "validation-error"
+
+
+class InvalidParameter(ServiceError):
+    code = "invalid-parameter"
+
+
+class InvalidHeaderValue(ServiceError):
+    code = "invalid-header"
+
+
+class GraphvizUnavailable(ServiceError):
+    code = "graphviz-missing"

@@ -15,14 +15,15 @@ from flask import Blueprint, Response, request
 
 from schemas.api import EvaluateRequest
 from service import engine
-from service.errors import ServiceError
 from service.evaluation import EvaluationLimits, evaluate
 from service.evaluation import trees
 from service.settings import Settings
 
 from .context import services, sessions, tenant
 from .contract import INSTANCE_ID, json_body, operation, problems, request_body
-from .encoding import InvalidParameter, json_response, parse_body
+from .bodies import parse_body
+from .errors import GraphvizUnavailable, InvalidParameter
+from .responses import json_response
 
 bp = Blueprint("evaluation", __name__, url_prefix="/v1/instances")
 
@@ -40,10 +41,6 @@ TREE_PARAMETERS = [
      "schema": {"type": "integer", "minimum": 0, "maximum": Settings.model_fields["tree_max_depth"].default},
      "description": "At most TREE_MAX_DEPTH (the default shown); deeper is 422"},
 ]
-
-
-class GraphvizUnavailable(ServiceError):
-    code = "graphviz-missing"
 
 
 @bp.post("/<instance_id>/evaluate")

@@ -14,8 +14,8 @@ from service.store import StoreUnavailable
 
 from .context import services
 from .contract import json_body, operation, problems
-from .encoding import json_response
 from .problems import problem_response
+from .responses import json_response
 
 bp = Blueprint("health", __name__)
 log = logging.getLogger(__name__)

@@ -10,7 +10,9 @@ from service.store.base import LISTING_CURSOR
 
 from .context import no_content, sessions, tenant
 from .contract import HEADER, INSTANCE_ID, TRIAGE_EXAMPLE, json_body, operation, problems, ref, request_body
-from .encoding import InvalidParameter, json_response, parse_body
+from .bodies import parse_body
+from .errors import InvalidParameter
+from .responses import json_response
 
 bp = Blueprint("instances", __name__, url_prefix="/v1/instances")
 

@@ -18,7 +18,7 @@ from service.engine import EngineError
 from service.errors import ServiceError
 from service.store import QuotaExceeded, StoreFull, StoreUnavailable
 
-from .encoding import json_response
+from .responses import json_response
 
 log = logging.getLogger(__name__)
 

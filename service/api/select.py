@@ -8,7 +8,9 @@ from schemas.api import SelectRequest
 
 from .context import sessions, tenant
 from .contract import EXPLAIN, TRIAGE_EXAMPLE, json_body, operation, problems, ref, request_body
-from .encoding import flag, json_response, parse_body
+from .bodies import parse_body
+from .query import flag
+from .responses import json_response
 
 bp = Blueprint("select", __name__, url_prefix="/v1")
 

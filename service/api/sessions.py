@@ -19,7 +19,10 @@ from service.sessions import SessionResult
 
 from .context import no_content, sessions, tenant
 from .contract import EXPLAIN, HEADER, TRIAGE_EXAMPLE, json_body, operation, problems, ref, request_body
-from .encoding import InvalidHeaderValue, InvalidParameter, flag, json_response, parse_body
+from .bodies import parse_body
+from .errors import InvalidHeaderValue, InvalidParameter
+from .query import flag
+from .responses import json_response
 
 bp = Blueprint("sessions", __name__, url_prefix="/v1/sessions")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gunicorn.http import errors as http_errors
 
 from schemas.responses import Problem
-from service.api.encoding import dumps
+from service.api.responses import dumps
 from service.api.problems import PROBLEM_MEDIA_TYPE, PROBLEMS, TYPE_PREFIX
 
 

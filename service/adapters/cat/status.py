@@ -12,7 +12,7 @@ from __future__ import annotations
 import orjson
 from flask import Flask, Response, request
 
-from service.api.encoding import dumps
+from service.api.responses import dumps
 from service.api.problems import PROBLEM_MEDIA_TYPE, TYPE_PREFIX
 
 PREFIX = "/ims/cat/"

@@ -19,9 +19,11 @@ from schemas.api import ObservationIn, SelectRequest, SessionCreate, StepConfig
 from schemas.cat import CatResultsIn, CatSectionConfig, CatSectionIn, CatSessionIn
 from service.api.context import no_content, services, sessions, tenant
 from service.api.contract import json_body, operation, ref, request_body, TRIAGE_EXAMPLE
-from service.api.encoding import json_response, parse_body, refuse_duplicate_keys, validation_errors
+from service.api.bodies import parse_body, validation_errors
+from service.api.duplicate_keys import refuse_duplicate_keys
 from service.api.errors import MalformedJson, RequestValidationFailed
 from service.api.limits import check_depth, check_request
+from service.api.responses import json_response
 from service.errors import LimitExceeded
 
 from .results import Answer, answers_of, assessment_result, new_answers, next_items

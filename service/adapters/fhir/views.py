@@ -13,7 +13,7 @@ from pydantic import RootModel, ValidationError
 from schemas.api import SelectRequest
 from service.api.context import sessions, tenant
 from service.api.contract import operation
-from service.api.encoding import parse_body
+from service.api.bodies import parse_body
 
 from . import replay
 from .outcomes import FHIR_MEDIA_TYPE, FhirError, error_response

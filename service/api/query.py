@@ -1,0 +1,23 @@
+"""Query parameters shared by several views."""
+
+from __future__ import annotations
+
+from flask import request
+
+from .errors import InvalidParameter
+
+
+def flag(name: str) -> bool:
+    """A boolean query parameter (``?explain=true``; also 1/yes and false/0/no); else 400."""
+    served = request._get_current_object()  # through the proxy once
+    if not served.query_string:
+        return False  # without parsing the (absent) query string into request.args
+    raw = served.args.get(name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise InvalidParameter(f"{name} must be true or false, got {raw!r}")
