@@ -10,6 +10,7 @@ import json
 
 import pytest
 from api_support import TRIAGE
+from snapshots import snapshot
 from fhir_support import (FHIR, NEXT, RESULT_LINK_IDS, answer, last_question, start, truth_answers, valid,
                           worded_triage)
 
@@ -28,13 +29,6 @@ def begin(client, instance) -> tuple[str, dict]:
 
 def select(client, instance_id, observations) -> dict:
     return client.post("/v1/select", json={"instance_id": instance_id, "observations": observations}).get_json()
-
-
-def stored(client, app) -> tuple:
-    """What the store holds for the public tenant: the instances, and the sessions' count."""
-    store = app.extensions["edgecut"].store
-    return (tuple(i["instance_id"] for i in client.get("/v1/instances").get_json()["items"]),
-            store.count_sessions() if hasattr(store, "count_sessions") else None)
 
 
 @pytest.mark.parametrize("truth", [0, 3, 7])
@@ -102,11 +96,11 @@ def test_a_parameters_resource_carries_the_response(client, name):
 
 def test_a_replay_answers_the_same_and_stores_nothing(client, app):
     _, response = begin(client, worded_triage())
-    before = stored(client, app)
+    before = snapshot(app)
     first = post(client, response).get_json()
     answered = answer(first, last_question(first), "yes")
     assert post(client, answered).get_json() == post(client, answered).get_json()
-    assert stored(client, app) == before
+    assert snapshot(app) == before
 
 
 def test_the_client_fields_come_back(client):
@@ -196,10 +190,10 @@ def test_a_bad_response_is_an_operation_outcome(client, app, change, status, cod
     first = post(client, response).get_json()
     answered = answer(first, last_question(first), "yes")
     change(answered)
-    before = stored(client, app)
+    before = snapshot(app)
     refused = post(client, answered)
     assert_outcome(refused, status, code, expression)
-    assert stored(client, app) == before
+    assert snapshot(app) == before
 
 
 @pytest.mark.parametrize("body, content_type, status, code", [
@@ -214,9 +208,9 @@ def test_a_bad_response_is_an_operation_outcome(client, app, change, status, cod
     (b"\xff\xfe", "application/json", 400, "structure"),
 ])
 def test_bad_fhir_and_bad_json_are_operation_outcomes(client, app, body, content_type, status, code):
-    before = stored(client, app)
+    before = snapshot(app)
     assert_outcome(post(client, body, content_type), status, code, None)
-    assert stored(client, app) == before
+    assert snapshot(app) == before
 
 
 @pytest.mark.parametrize("method, path, status, code", [
@@ -240,6 +234,28 @@ def test_api_keys_guard_fhir_as_they_guard_v1(app_config):
     keyed = {"Authorization": "Bearer " + "k" * 32}
     instance_id = client.post("/v1/instances", json=TRIAGE, headers=keyed).get_json()["instance_id"]
     assert client.get(f"/fhir/Questionnaire/{instance_id}", headers=keyed).status_code == 200
+
+
+def test_browser_apps_may_call_fhir_when_cors_is_on(app_config):
+    from service.app import create_app
+
+    client = create_app({**app_config, "cors_origins": "https://smart.example"}).test_client()
+    preflight = client.options(NEXT, headers={"Origin": "https://smart.example", "Access-Control-Request-Method": "POST",
+                                              "Access-Control-Request-Headers": "Content-Type, Authorization"})
+    assert preflight.headers["Access-Control-Allow-Origin"] == "https://smart.example"
+    assert "POST" in preflight.headers["Access-Control-Allow-Methods"]
+
+
+def test_limits_and_rate_limits_are_operation_outcomes(app_config):
+    from service.app import create_app
+
+    client = create_app({**app_config, "max_body_bytes": 4096, "rate_limit": "2/minute",
+                         "rate_limit_burst": 2}).test_client()
+    assert_outcome(post(client, {"resourceType": "QuestionnaireResponse", "text": "x" * 5000}), 413, "too-costly", None)
+    assert_outcome(post(client, {"resourceType": "QuestionnaireResponse"}), 400, "required", None)
+    refused = post(client, {"resourceType": "QuestionnaireResponse"})
+    assert_outcome(refused, 429, "throttled", None)
+    assert int(refused.headers["Retry-After"]) > 0
 
 
 def assert_outcome(response, status, code, expression):

@@ -6,7 +6,7 @@
    ``Retry-After`` *before* its key is looked at, so guessing keys gets no faster by sending more;
 2. the tenant's rate limit (GCRA, service/store/ratelimit.py; kept where the store keeps its
    data): 429 with ``Retry-After``;
-3. CORS for browser front ends (flask-cors), exposing ``ETag`` and ``Retry-After``.
+3. CORS for browser front ends (flask-cors) on ``/v1`` and ``/fhir``, exposing ``ETag`` and ``Retry-After``.
 
 Body limits are checked where the body is parsed (service/api/limits.py via parse_body).
 ``/fhir`` is guarded as ``/v1`` is, but for its CapabilityStatement (``/fhir/metadata``).
@@ -94,7 +94,8 @@ def install(app: Flask, settings: Settings, store: SessionStore) -> None:
 
     if settings.cors_origins:
         origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
-        CORS(app, resources={r"/v1/*": {}, r"/openapi.yaml": {}},
+        # /fhir too: SMART on FHIR apps run in the browser.
+        CORS(app, resources={r"/v1/*": {}, r"/fhir/*": {}, r"/openapi.yaml": {}},
              origins="*" if "*" in origins else origins, expose_headers=EXPOSED_HEADERS,
              allow_headers=ALLOWED_HEADERS, methods=ALLOWED_METHODS,
              max_age=CORS_MAX_AGE, supports_credentials=False)
