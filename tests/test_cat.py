@@ -256,3 +256,19 @@ def test_api_keys_guard_the_cat_paths(app_config):
     response = client.post(f"{BASE}/sections", json={"sectionConfiguration": {"instance": TRIAGE}},
                            headers={"Authorization": f"Bearer {key}"})
     assert response.status_code == 201
+
+
+def test_results_meet_the_limits_v1_observations_meet(client, app):
+    session = Session(client, section(client, {"instance": TRIAGE}))
+    long_label = "x" * (app.extensions["edgecut"].settings.max_label_length + 1)
+    refused(session.post((long_label, "normal")), 413, "limit-exceeded")
+    refused(session.post(("ecg", long_label)), 413, "limit-exceeded")
+    assert stored_steps(client, session) == 0
+
+
+def test_sessions_of_an_ended_section_answer_not_found(client, stateless):
+    section_id = section(client, {"instance": TRIAGE, "stateless": stateless})
+    session = Session(client, section_id)
+    assert client.delete(f"{BASE}/sections/{section_id}").status_code == 204
+    refused(session.post(("ecg", "normal")), 404, "instance-not-found")
+    refused(client.post(f"{BASE}/sections/{section_id}/sessions"), 404, "instance-not-found")

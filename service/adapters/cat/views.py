@@ -15,7 +15,7 @@ import orjson
 from flask import Blueprint, Response, request, url_for
 from pydantic import ValidationError
 
-from schemas.api import ObservationIn, SelectRequest, SessionCreate, StepConfig
+from schemas.api import ObservationIn, ObservationsRequest, SelectRequest, SessionCreate, StepConfig
 from schemas.cat import CatResultsIn, CatSectionConfig, CatSectionIn, CatSessionIn
 from service.api.context import no_content, services, sessions, tenant
 from service.api.contract import json_body, operation, ref, request_body, TRIAGE_EXAMPLE
@@ -90,9 +90,14 @@ def _select(config: StepConfig, answers: tuple[Answer, ...] | list[Answer]) -> d
     limit = services().settings.max_observations_per_request
     if len(answers) > limit:
         raise LimitExceeded("MAX_OBSERVATIONS_PER_REQUEST", limit, f"the session carries {len(answers)} answers")
-    observations = [ObservationIn.model_construct(test=test, outcome=outcome, skip=None if outcome is not None else True)
-                    for test, outcome in answers]
-    return orjson.loads(sessions().select(_step_config(config, SelectRequest, observations=observations), tenant()))
+    return orjson.loads(sessions().select(_step_config(config, SelectRequest, observations=_observations(answers)),
+                                         tenant()))
+
+
+def _observations(answers: tuple[Answer, ...] | list[Answer]) -> list[ObservationIn]:
+    """Answers as the wire's observations (already checked: constructed, not validated)."""
+    return [ObservationIn.model_construct(test=test, outcome=outcome, skip=None if outcome is not None else True)
+            for test, outcome in answers]
 
 
 @bp.post("/sections")
@@ -135,7 +140,7 @@ def show_section(sectionIdentifier: str) -> Response:
 @operation("catEndSection", TAG, "End a section: the instance it brought inline is deleted",
            description=("A section that named a stored instance by `instance_id` leaves it alone (it is not "
                         "the section's), and nothing changes. Once the instance is deleted the section and its "
-                        "stored sessions answer 404 and 410."),
+                        "sessions answer 404 instance-not-found."),
            parameters=[SECTION_ID], responses={"204": {"description": "Ended"}, **refusals(404, 500, 503)})
 def end_section(sectionIdentifier: str) -> Response:
     section = _section(sectionIdentifier)
@@ -184,6 +189,8 @@ def submit_results(sectionIdentifier: str, sessionIdentifier: str) -> Response:
     section = _section(sectionIdentifier)
     posted = parse_body(CatResultsIn)
     answers = answers_of(posted.assessmentResult.itemResult)
+    # The limits /v1 holds observations to (their number, each label's length), before any is read.
+    check_request(ObservationsRequest.model_construct(observations=_observations(answers)), services().settings)
     if section.config.stateless:
         if posted.sessionState is None:
             raise BadSessionState("a stateless section's results carry the sessionState the last answer gave")
