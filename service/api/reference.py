@@ -158,7 +158,7 @@ LIMITS = [
           '429 `rate-limited` with `Retry-After`'),
     setting('auth_failure_limit',
             'failed authentications per client address, with API keys on',
-            '429 `rate-limited` with `Retry-After` for every `/v1` request from that address, a valid key included, until the rate allows one more', note=' (bursts of 20)'),
+            '429 `rate-limited` with `Retry-After` for every `/v1` (or façade) request from that address, a valid key included, until the rate allows one more', note=' (bursts of 20)'),
     setting('tenant_max_instances',
             'instances a tenant has stored (unused ones expire after 2 × `SESSION_TTL`)',
             '429 `quota-exceeded`'),
