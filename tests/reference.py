@@ -200,11 +200,11 @@ def likelihood_ratio(model: Model, h: int, t: int, k: int) -> float:
 
 
 def eced_gain(model: Model, observations: list[Observation], t: int) -> float:
-    """Δ_ECED(t | ψ) = Σ_x P(x | ψ) [δ_BS − δ_OFFSET] (Chen, Hassani & Krause, AISTATS 2017) with
-    an explicit edge list: every two hypotheses of different classes, weighted by
+    """Δ_ECED(t | ψ) = Σ_x P(x | ψ) [δ_BS − δ_OFFSET] (Chen, Hassani & Krause, AISTATS 2017,
+    section 4) with an explicit edge list: every two hypotheses of different classes, weighted by
     P(h, ψ)·P(h′, ψ) (the posterior on likelihood instances: P(ψ)² is the same for every test),
     δ_BS = Σ_edges w (1 − λ_{h,x} λ_{h′,x}), δ_OFFSET = Σ_edges w (1 − max_g λ_{g,x}²), the max
-    over every hypothesis."""
+    over every hypothesis of the model."""
     mass = version_space_mass(model, observations)
     post = posterior(mass)
     edges = [(h, g, mass[h] * mass[g]) for h in range(model.n) for g in range(h + 1, model.n)
