@@ -10,6 +10,8 @@ import json
 
 import pytest
 from api_support import TRIAGE
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from snapshots import snapshot
 from fhir_support import (FHIR, NEXT, RESULT_LINK_IDS, answer, last_question, start, truth_answers, valid,
                           worded_triage)
@@ -266,3 +268,51 @@ def assert_outcome(response, status, code, expression):
     assert outcome["issue"][0]["code"] == code and outcome["issue"][0]["severity"] == "error"
     if expression is not None:
         assert outcome["issue"][0]["expression"] == [expression]
+
+
+JUNK = [None, 0, 1.5, "", "x", "#q", "in-progress", "completed", [], {}, [None], [{}], True, "yes",
+        "$result.class", "fever#2", "fever"]
+
+
+def _places(node, here=()):
+    if here:
+        yield here
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _places(value, (*here, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _places(value, (*here, i))
+
+
+@pytest.fixture(scope="module")
+def answered_once():
+    """An app over the memory store and a response that answered its first question."""
+    from service.app import create_app
+
+    client = create_app({"redis_url": None}).test_client()
+    _, response = begin(client, worded_triage())
+    first = post(client, response).get_json()
+    return client, answer(first, last_question(first), "yes")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(JUNK), st.booleans()), min_size=1,
+                        max_size=3))
+def test_no_response_however_broken_makes_a_server_error(answered_once, changes):
+    client, response = answered_once
+    response = copy.deepcopy(response)
+    for where, junk, remove in changes:
+        places = list(_places(response))
+        *path, last = places[where % len(places)]
+        parent = response
+        for key in path:
+            parent = parent[key]
+        if remove and isinstance(parent, dict):
+            del parent[last]
+        else:
+            parent[last] = copy.deepcopy(junk)
+    reply = post(client, response)
+    assert reply.status_code in (200, 400, 404, 422) and reply.mimetype == FHIR, reply.get_data()
+    if reply.status_code != 200:
+        valid(reply.get_json())  # an OperationOutcome

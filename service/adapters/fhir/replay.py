@@ -68,6 +68,8 @@ def read(body: Any) -> Posted:
     if status != "in-progress":
         raise FhirError(400 if status is None else 422, "required" if status is None else "business-rule",
                         "the QuestionnaireResponse's status must be 'in-progress'", f"{where}.status")
+    if not isinstance(response.get("meta", {}), dict):
+        raise FhirError(400, "structure", "meta must be an object", f"{where}.meta")
     at, questionnaire = _contained(response, where)
     url = questionnaire.get("url")
     found = INSTANCE_URL.search(url) if isinstance(url, str) else None
@@ -101,7 +103,7 @@ def observations(posted: Posted, compiled: engine.CompiledInstance) -> tuple[Lab
     asked: list[tuple[str, str]] = []  # (linkId, test)
     for i, item in enumerate(_list(posted.questionnaire, "item", q_where)):
         link = item.get("linkId") if isinstance(item, dict) else None
-        if link in RESULT_LINK_IDS:
+        if isinstance(link, str) and link in RESULT_LINK_IDS:
             raise FhirError(422, "business-rule", "this questionnaire already stopped (it holds its result items); "
                             "start a new QuestionnaireResponse to ask again", f"{q_where}.item[{i}]")
         test = test_of_link(compiled, link) if isinstance(link, str) else None
