@@ -113,6 +113,16 @@ def test_the_client_fields_come_back(client):
                                                                 "2026-11-26T10:00:00Z")
 
 
+def test_an_outcome_label_that_is_no_fhir_code_is_refused_when_asked(client, app):
+    spaced = {"tests": [{"id": "q", "outcomes": ["not at all", "more than  half the days"]}],
+              "hypotheses": [{"id": "a", "outcomes": {"q": "not at all"}},
+                             {"id": "b", "outcomes": {"q": "more than  half the days"}}]}
+    _, response = begin(client, spaced)  # the Questionnaire itself has no items: it reads
+    before = snapshot(app)
+    assert_outcome(post(client, response), 422, "not-supported", None)
+    assert snapshot(app) == before
+
+
 def test_metadata_lists_the_operation(client):
     statement = valid(client.get("/fhir/metadata").get_json())
     operations = statement["rest"][0]["resource"][0]["operation"]
