@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FHIR = "application/fhir+json"
 NEXT = "/fhir/Questionnaire/$next-question"
 DATA_ABSENT_REASON = "http://hl7.org/fhir/StructureDefinition/data-absent-reason"
-RESULT_LINK_IDS = {"$result.class", "$result.decision", "$result.probability", "$result.stop-reason"}
+RESULT_LINK_IDS = {"$result.class", "$result.decision", "$result.probability", "$result.stop-reason",
+                   "$result.theta", "$result.theta-sd"}
 
 
 def worded_triage() -> dict[str, Any]:

@@ -123,6 +123,64 @@ def test_an_outcome_label_that_is_no_fhir_code_is_refused_when_asked(client, app
     assert snapshot(app) == before
 
 
+STEP_CONFIG = "urn:edgecut:fhir:step-config"
+
+
+def configured(response: dict, **parts) -> dict:
+    """``response`` whose contained Questionnaire asks for ``parts`` (name → one value or a list)."""
+    kinds = {bool: "valueBoolean", int: "valueInteger", float: "valueDecimal", str: "valueString"}
+    extension = [{"url": name, kinds[type(v)]: v} for name, value in parts.items()
+                 for v in (value if isinstance(value, list) else [value])]
+    response = copy.deepcopy(response)
+    response["contained"][0].setdefault("extension", []).append({"url": STEP_CONFIG, "extension": extension})
+    return response
+
+
+def test_the_step_config_extension_sets_what_select_takes(client):
+    instance_id, response = begin(client, worded_triage())
+    config = {"policy": "ec2", "max_tests": 2, "exclude_tests": ["cough", "fever"], "batch_size": 2}
+    page = valid(post(client, configured(response, **config)).get_json())
+    reference = client.post("/v1/select", json={"instance_id": instance_id, "observations": [], **config}).get_json()
+    asked = page["contained"][0]["item"]
+    assert [i["linkId"] for i in asked] == [t["id"] for t in reference["next_tests"]] and len(asked) == 2
+    assert not {"cough", "fever"} & {i["linkId"] for i in asked}
+    for item in asked:
+        page = answer(page, item, truth_answers(worded_triage(), 7)[item["linkId"]])
+    done = valid(post(client, page).get_json())
+    assert done["status"] == "completed"
+    results = {i["linkId"]: i["answer"][0] for i in done["item"] if i["linkId"] in RESULT_LINK_IDS}
+    assert results["$result.stop-reason"] == {"valueString": "max_tests"}
+
+
+@pytest.mark.parametrize("parts, status", [
+    ({"confidence": 2.0}, 422), ({"max_tests": "3"}, 422), ({"colour": "red"}, 422), ({"policy": "nope"}, 422),
+    ({"exclude_tests": ["no such test"]}, 422),
+])
+def test_a_bad_step_config_is_an_operation_outcome(client, app, parts, status):
+    _, response = begin(client, worded_triage())
+    before = snapshot(app)
+    refused = post(client, configured(response, **parts))
+    assert refused.status_code == status and refused.mimetype == FHIR
+    valid(refused.get_json())
+    assert snapshot(app) == before
+
+
+def test_an_item_bank_ends_on_its_ability_estimate(client):
+    from test_display_text import BANK
+
+    instance_id, response = begin(client, BANK)
+    response = configured(response, policy="infogain", max_tests=1)
+    page = valid(post(client, response).get_json())
+    item = last_question(page)
+    done = valid(post(client, answer(page, item, "1")).get_json())
+    reference = client.post("/v1/select", json={"instance_id": instance_id, "policy": "infogain", "max_tests": 1,
+                                                "observations": [{"test": item["linkId"], "outcome": "1"}]}).get_json()
+    results = {i["linkId"]: i["answer"][0] for i in done["item"] if i["linkId"] in RESULT_LINK_IDS}
+    assert results["$result.theta"] == {"valueDecimal": reference["theta"]["eap"]}
+    assert results["$result.theta-sd"] == {"valueDecimal": reference["theta"]["sd"]}
+    assert item["text"] == next(i["text"] for i in BANK["item_bank"]["items"] if i["id"] == item["linkId"])
+
+
 def test_metadata_lists_the_operation(client):
     statement = valid(client.get("/fhir/metadata").get_json())
     operations = statement["rest"][0]["resource"][0]["operation"]

@@ -21,6 +21,12 @@ from .outcomes import FhirError
 from .resources import RESULT_LINK_IDS, test_of_link, test_system
 
 DATA_ABSENT_REASON = "http://hl7.org/fhir/StructureDefinition/data-absent-reason"
+# The contained Questionnaire's extension naming what the replay runs, as POST /v1/select takes it:
+# sub-extensions named after its fields (policy, max_tests, confidence, …; exclude_tests repeated).
+STEP_CONFIG = "urn:edgecut:fhir:step-config"
+CONFIG_VALUES = ("valueString", "valueCode", "valueInteger", "valuePositiveInt", "valueUnsignedInt", "valueDecimal",
+                 "valueBoolean")
+LISTED = ("exclude_tests",)
 PARAMETER_NAMES = ("questionnaire-response", "in")  # SDC's name, and the older one
 INSTANCE_URL = re.compile(r"/v1/instances/([0-9a-f]{64})\Z")
 
@@ -113,6 +119,33 @@ def observations(posted: Posted, compiled: engine.CompiledInstance) -> tuple[Lab
     answers = _answers(posted, compiled, dict(asked))
     labelled = [(test, answers.get(link)) for link, test in asked]
     return labelled, Counter(test for _, test in asked)
+
+
+def step_config(posted: Posted) -> tuple[dict[str, Any], str | None]:
+    """The select request's fields the contained Questionnaire's step-config extension gives, and
+    the FHIRPath of that extension (None: it has none; the instance's defaults apply)."""
+    q_where = f"{posted.where}.contained[{posted.contained_at}]"
+    extensions = _list(posted.questionnaire, "extension", q_where)
+    found = [i for i, e in enumerate(extensions) if isinstance(e, dict) and e.get("url") == STEP_CONFIG]
+    if not found:
+        return {}, None
+    here = f"{q_where}.extension[{found[0]}]"
+    if len(found) > 1:
+        raise FhirError(400, "structure", f"give one {STEP_CONFIG} extension", here)
+    config: dict[str, Any] = {}
+    for i, part in enumerate(_list(extensions[found[0]], "extension", here)):
+        name = part.get("url") if isinstance(part, dict) else None
+        values = [part[key] for key in CONFIG_VALUES if key in part] if isinstance(part, dict) else []
+        if not isinstance(name, str) or len(values) != 1 or name in ("instance", "instance_id", "observations"):
+            raise FhirError(400, "structure", "each part names a /v1/select field in 'url' with one value[x] "
+                            "(string, code, integer, decimal or boolean)", f"{here}.extension[{i}]")
+        if name in LISTED:
+            config.setdefault(name, []).append(values[0])
+        elif name in config:
+            raise FhirError(400, "structure", f"'{name}' is given twice", f"{here}.extension[{i}]")
+        else:
+            config[name] = values[0]
+    return config, here
 
 
 def _answers(posted: Posted, compiled: engine.CompiledInstance, asked: dict[str, str]) -> dict[str, str]:

@@ -31,7 +31,9 @@ CAPABILITY_DATE = "2026-11-26"
 # The result items' linkIds; a test of the same id could not be told apart from them.
 RESULT_CLASS, RESULT_DECISION = "$result.class", "$result.decision"
 RESULT_PROBABILITY, RESULT_STOP_REASON = "$result.probability", "$result.stop-reason"
-RESULT_LINK_IDS = frozenset({RESULT_CLASS, RESULT_DECISION, RESULT_PROBABILITY, RESULT_STOP_REASON})
+RESULT_THETA, RESULT_THETA_SD = "$result.theta", "$result.theta-sd"
+RESULT_LINK_IDS = frozenset({RESULT_CLASS, RESULT_DECISION, RESULT_PROBABILITY, RESULT_STOP_REASON, RESULT_THETA,
+                             RESULT_THETA_SD})
 # FHIR's code type: no leading, trailing or doubled whitespace.
 FHIR_CODE = re.compile(r"\A[^\s]+( [^\s]+)*\Z")
 REPEAT = re.compile(r"\A(.*)#([2-9]|[1-9][0-9]+)\Z", re.DOTALL)
@@ -106,8 +108,12 @@ def result_items(step: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[
         answers = [(RESULT_CLASS, "Most probable class", "string", {"valueString": step["map_class"]}),
                    (RESULT_PROBABILITY, "Probability of that class", "decimal",
                     {"valueDecimal": step["class_posterior"][step["map_class"]]})]
+    theta = step.get("theta")
+    if theta is not None:  # an item bank: the ability estimate and its standard error
+        answers += [(RESULT_THETA, "Ability estimate (θ, posterior mean)", "decimal", {"valueDecimal": theta["eap"]}),
+                    (RESULT_THETA_SD, "Its standard error (posterior SD)", "decimal", {"valueDecimal": theta["sd"]})]
     answers.append((RESULT_STOP_REASON, "Why the questionnaire stopped", "string",
-                    {"valueString": step["stop_reason"]}))
+                    {"valueString": step["stop_reason"] or "no test left to ask"}))
     items = [{"extension": [{"url": HIDDEN, "valueBoolean": True}], "linkId": link, "text": text, "type": kind,
               "readOnly": True} for link, text, kind, _ in answers]
     responses = [{"linkId": link, "text": text, "answer": [value]} for link, text, _, value in answers]

@@ -73,7 +73,8 @@ def read_questionnaire(instance_id: str) -> Response:
            description="The body is a QuestionnaireResponse (sdc-questionnaireresponse-adapt) with a contained "
                        "Questionnaire whose url is {base}/v1/instances/{id}, bare or as the 'questionnaire-response' "
                        "parameter of a Parameters resource. Its answers are replayed as POST /v1/select replays "
-                       "observations (docs/integrations.md).",
+                       "observations, under what the contained Questionnaire's urn:edgecut:fhir:step-config "
+                       "extension asks for (docs/integrations.md).",
            body={"required": True, "description": "A QuestionnaireResponse, or Parameters carrying one",
                  "content": {FHIR_MEDIA_TYPE: {"schema": {"type": "object", "required": ["resourceType"]}}}},
            responses={"200": _fhir_body("The QuestionnaireResponse: in-progress with one more item in its contained "
@@ -84,25 +85,36 @@ def next_question() -> Response:
     domain, who, base = sessions(), tenant(), base_url()
     compiled = domain.instance(posted.instance_id, who)
     labelled, asked = replay.observations(posted, compiled)
-    try:
-        select = SelectRequest(instance_id=posted.instance_id, observations=[
-            {"test": test, "outcome": outcome} if outcome is not None else {"test": test, "skip": True}
-            for test, outcome in labelled])
-    except ValidationError as error:  # only past MAX_OBSERVATIONS_PER_REQUEST questions
-        raise FhirError(413, "too-costly", f"the questionnaire asks too many questions: {error.errors()[0]['msg']}",
-                        f"{posted.where}.contained[{posted.contained_at}].item") from None
-    step = orjson.loads(domain.select(select, who))
+    step = orjson.loads(domain.select(_select_request(posted, labelled), who))
     response, items = posted.response, posted.questionnaire.setdefault("item", [])
     response.setdefault("questionnaire", "#" + str(posted.questionnaire.get("id", "")))
-    if step["done"] or step["next_test"] is None:
+    if step["done"] or not step["next_tests"]:
         asked_items, answers = result_items(step)
         items.extend(asked_items)
         response.setdefault("item", []).extend(answers)
         response["status"] = "completed"
-    else:
-        test = step["next_test"]["id"]
-        items.append(question_item(base, compiled, test, asked[test] + 1))
+    else:  # a page of batch_size questions, best first
+        items.extend(question_item(base, compiled, test["id"], asked[test["id"]] + 1) for test in step["next_tests"])
     profiles = response.setdefault("meta", {}).setdefault("profile", [])
     if isinstance(profiles, list) and RESPONSE_PROFILE not in profiles:
         profiles.append(RESPONSE_PROFILE)
     return fhir_response(response)
+
+
+def _select_request(posted: replay.Posted, labelled: replay.Labelled) -> SelectRequest:
+    """The /v1/select request the response stands for: its answers, and what the contained
+    Questionnaire's step-config extension asks for."""
+    config, config_at = replay.step_config(posted)
+    observations = [{"test": test, "outcome": outcome} if outcome is not None else {"test": test, "skip": True}
+                    for test, outcome in labelled]
+    try:
+        return SelectRequest.model_validate({**config, "instance_id": posted.instance_id,
+                                             "observations": observations})
+    except ValidationError as error:
+        problems = error.errors(include_url=False)
+        if all(p["loc"][:1] == ("observations",) for p in problems):  # only past MAX_OBSERVATIONS_PER_REQUEST
+            raise FhirError(413, "too-costly", f"the questionnaire asks too many questions: {problems[0]['msg']}",
+                            f"{posted.where}.contained[{posted.contained_at}].item") from None
+        shown = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems[:5])
+        raise FhirError(422, "invalid", f"the step-config extension is not what /v1/select takes: {shown}",
+                        config_at or f"{posted.where}.contained[{posted.contained_at}]") from None
