@@ -272,3 +272,25 @@ def test_sessions_of_an_ended_section_answer_not_found(client, stateless):
     assert client.delete(f"{BASE}/sections/{section_id}").status_code == 204
     refused(session.post(("ecg", "normal")), 404, "instance-not-found")
     refused(client.post(f"{BASE}/sections/{section_id}/sessions"), 404, "instance-not-found")
+
+
+# One repeatable test whose answers cancel in pairs (tests/test_api_observations.py): asked again and again.
+COIN = {"tests": [{"id": "swab", "outcomes": ["neg", "pos"], "repeatable": True}],
+        "hypotheses": [{"id": "well", "class": "well", "likelihoods": {"swab": {"neg": 0.8, "pos": 0.2}}},
+                       {"id": "ill", "class": "ill", "likelihoods": {"swab": {"neg": 0.2, "pos": 0.8}}}]}
+
+
+def test_a_repeatable_item_counts_each_time_it_is_asked_and_a_retry_once(client, stateless):
+    session = Session(client, section(client, {"instance": COIN, "max_tests": 5, "stateless": stateless}))
+    first_state = session.state
+    session.answer(("swab", "neg"))
+    assert session.items == ["swab"]  # asked again
+    retry = session.post(("swab", "neg"), state=first_state)  # the first post again
+    if stateless:  # the first state's replay: one answer, as before
+        assert outcomes(retry.get_json())["ITEMS_ANSWERED"] == "1"
+    else:  # the stored session has moved on: the stale state is refused, nothing counted twice
+        refused(retry, 412, "precondition-failed")
+        body = {"assessmentResult": {"itemResult": [result("swab", "neg")]}}
+        refused(client.post(session.url, json=body), 428, "precondition-required")
+        assert stored_steps(client, session) == 1
+    assert outcomes(session.answer(("swab", "neg")))["ITEMS_ANSWERED"] == "2"
