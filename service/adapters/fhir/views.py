@@ -1,5 +1,6 @@
 """``/fhir``: the SDC adaptive-questionnaire operation, the instance as a Questionnaire, and the
-CapabilityStatement. Each view parses, calls the session domain once, and renders."""
+CapabilityStatement. Each view parses, asks the session domain (for ``$next-question``: the
+instance, then the step ``/v1/select`` computes), and renders."""
 
 from __future__ import annotations
 
