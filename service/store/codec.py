@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 import orjson
@@ -135,8 +136,50 @@ def _checksum(header_without_checksum: bytes, body: bytes) -> str:
     return f"crc32:{zlib.crc32(body, zlib.crc32(header_without_checksum)):08x}"
 
 
+class _Header(NamedTuple):
+    """The header's fields, each of the type it must have."""
+
+    kind: str
+    content_hash: str
+    descriptors: list
+    test_ids: tuple[str, ...]
+    hypothesis_ids: tuple[str, ...]
+    class_labels: tuple[str, ...]
+    outcome_labels: tuple[tuple[str, ...], ...]
+    warnings: tuple[str, ...]
+    decision_labels: tuple[str, ...]
+    repeatable: list
+    skip_cost: str
+    test_text: tuple | None
+    outcome_text: tuple | None
+    theta: list | None
+
+
 def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -> CompiledInstance:
     """The instance (arrays are read-only views of ``body``), or :class:`CorruptInstance`."""
+    header, checksum = _verified_header(header_bytes, body)
+    fields = _fields(header)
+    if expected_hash is not None and fields.content_hash != expected_hash:
+        raise CorruptInstance(f"stored header is for instance {fields.content_hash!r}, not {expected_hash!r}")
+    n, n_tests = len(fields.hypothesis_ids), len(fields.test_ids)
+    if len(fields.outcome_labels) != n_tests or n == 0 or n_tests == 0:
+        raise CorruptInstance("instance header label counts are inconsistent")
+    if fields.kind not in ("deterministic", "likelihood"):
+        raise CorruptInstance(f"unknown instance kind {fields.kind!r}")
+    arity = np.fromiter(map(len, fields.outcome_labels), dtype=np.int64, count=n_tests)
+    arrays, unpacked = _arrays(fields, body, int(arity.max()))
+    _check_indices(arrays, unpacked, arity, len(fields.class_labels))
+    instance = _instance(fields, arrays)
+    if checksum is not None:
+        instance.__dict__["content_hash"] = fields.content_hash  # vouched for by the checksum
+    elif instance.content_hash != fields.content_hash:
+        raise CorruptInstance(f"instance bytes hash to {instance.content_hash}, the header says {fields.content_hash}")
+    return instance
+
+
+def _verified_header(header_bytes: bytes, body: bytes) -> tuple[dict, str | None]:
+    """The header as JSON of this format, and its checksum (None in headers written before it),
+    which must match the header and the body."""
     try:
         header = orjson.loads(header_bytes)
     except orjson.JSONDecodeError as exc:
@@ -146,61 +189,52 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
     checksum = header.pop("checksum", None)  # the last key: the rest re-encodes byte for byte
     if checksum is not None and checksum != _checksum(orjson.dumps(header), body):
         raise CorruptInstance("instance header or body does not match its checksum")
+    return header, checksum
+
+
+def _fields(header: dict) -> _Header:
     try:
-        test_ids = _labels(header["test_ids"])
-        hypothesis_ids = _labels(header["hypothesis_ids"])
-        class_labels = _labels(header["class_labels"])
         outcome_labels = _label_lists(header["outcome_labels"])
-        warnings = _labels(header["warnings"])
-        decision_labels = _labels(header["decision_labels"]) if "decision_labels" in header else ()
-        kind, stated_hash, descriptors = header["kind"], header["content_hash"], header["arrays"]
-        repeatable_indices = header.get("repeatable", [])
-        skip_cost = header.get("skip_cost", "free")
         test_text, outcome_text = _display_text(header, outcome_labels)
-        theta = header.get("theta")
+        return _Header(
+            kind=header["kind"], content_hash=header["content_hash"], descriptors=header["arrays"],
+            test_ids=_labels(header["test_ids"]), hypothesis_ids=_labels(header["hypothesis_ids"]),
+            class_labels=_labels(header["class_labels"]), outcome_labels=outcome_labels,
+            warnings=_labels(header["warnings"]),
+            decision_labels=_labels(header["decision_labels"]) if "decision_labels" in header else (),
+            repeatable=header.get("repeatable", []), skip_cost=header.get("skip_cost", "free"),
+            test_text=test_text, outcome_text=outcome_text, theta=header.get("theta"))
     except (KeyError, TypeError) as exc:
         raise CorruptInstance(f"instance header lacks or mistypes a field: {exc}") from None
-    if expected_hash is not None and stated_hash != expected_hash:
-        raise CorruptInstance(f"stored header is for instance {stated_hash!r}, not {expected_hash!r}")
 
-    n, n_tests = len(hypothesis_ids), len(test_ids)
-    if len(outcome_labels) != n_tests or n == 0 or n_tests == 0:
-        raise CorruptInstance("instance header label counts are inconsistent")
-    arity = np.fromiter(map(len, outcome_labels), dtype=np.int64, count=n_tests)
-    width = int(arity.max())
-    n_decisions = len(decision_labels)
+
+def _arrays(fields: _Header, body: bytes, width: int) -> tuple[dict[str, np.ndarray], set[str]]:
+    """The arrays the header describes, as views of ``body`` (bit arrays unpacked, and named in
+    the set returned: every cell 0 or 1 by construction); exactly those the kind needs, each of
+    its dtype and shape, back to back and covering the body."""
+    n, n_tests, n_decisions = len(fields.hypothesis_ids), len(fields.test_ids), len(fields.decision_labels)
     expected_shapes = {"costs": (n_tests,), "class_index": (n,), "prior": (n,),
                        "outcomes": (n, n_tests), "likelihood_by_outcome": (n, None, n_tests),
                        "acceptable": (n, n_decisions), "loss": (n, n_decisions)}
+    descriptors = fields.descriptors if isinstance(fields.descriptors, list) else []
     wanted = {"costs", "class_index", "prior",
-              "outcomes" if kind == "deterministic" else "likelihood_by_outcome"}
+              "outcomes" if fields.kind == "deterministic" else "likelihood_by_outcome"}
     if n_decisions:
         wanted.add("acceptable")
-        if any(isinstance(d, dict) and d.get("name") == "loss" for d in descriptors or ()):
+        if any(isinstance(d, dict) and d.get("name") == "loss" for d in descriptors):
             wanted.add("loss")
-    if kind not in ("deterministic", "likelihood"):
-        raise CorruptInstance(f"unknown instance kind {kind!r}")
-
     arrays: dict[str, np.ndarray] = {}
-    unpacked: set[str] = set()  # arrays stored one bit per cell: every cell 0 or 1 by construction
+    unpacked: set[str] = set()
     end = 0
-    for d in descriptors if isinstance(descriptors, list) else ():
+    for d in descriptors:
         try:
             name, dtype, shape = d["name"], d["dtype"], tuple(d["shape"])
             offset, nbytes = d["offset"], d["nbytes"]
         except (KeyError, TypeError) as exc:
             raise CorruptInstance(f"array descriptor lacks a field: {exc}") from None
         if name not in wanted or name in arrays:
-            raise CorruptInstance(f"unexpected or repeated array {name!r} in a {kind} instance")
-        if dtype not in _ALLOWED_DTYPES[name]:
-            raise CorruptInstance(f"array {name!r} has dtype {dtype!r}; allowed: {sorted(_ALLOWED_DTYPES[name])}")
-        want = expected_shapes[name]
-        if len(shape) != len(want) or any(w is not None and s != w for s, w in zip(shape, want)):
-            raise CorruptInstance(f"array {name!r} has shape {shape}, expected {want}")
-        if name == "likelihood_by_outcome" and shape[1] < width:
-            raise CorruptInstance(f"likelihood has {shape[1]} outcome columns, fewer than {width}")
-        if not all(isinstance(s, int) and s >= 0 for s in shape):
-            raise CorruptInstance(f"array {name!r} has shape {shape}")
+            raise CorruptInstance(f"unexpected or repeated array {name!r} in a {fields.kind} instance")
+        _check_descriptor(name, dtype, shape, expected_shapes[name], width)
         stored_shape = (shape[0], -(-shape[1] // 8)) if dtype == BITS else shape
         itemsize = 1 if dtype == BITS else np.dtype(dtype).itemsize
         if offset != end or nbytes != math.prod(stored_shape) * itemsize or offset + nbytes > len(body):
@@ -217,9 +251,24 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         raise CorruptInstance(f"instance arrays {sorted(arrays)} are not {sorted(wanted)}")
     if end != len(body):
         raise CorruptInstance(f"instance body is {len(body)} B, its arrays cover {end} B")
+    return arrays, unpacked
 
+
+def _check_descriptor(name: str, dtype: str, shape: tuple, want: tuple, width: int) -> None:
+    if dtype not in _ALLOWED_DTYPES[name]:
+        raise CorruptInstance(f"array {name!r} has dtype {dtype!r}; allowed: {sorted(_ALLOWED_DTYPES[name])}")
+    if len(shape) != len(want) or any(w is not None and s != w for s, w in zip(shape, want)):
+        raise CorruptInstance(f"array {name!r} has shape {shape}, expected {want}")
+    if name == "likelihood_by_outcome" and shape[1] < width:
+        raise CorruptInstance(f"likelihood has {shape[1]} outcome columns, fewer than {width}")
+    if not all(isinstance(s, int) and s >= 0 for s in shape):
+        raise CorruptInstance(f"array {name!r} has shape {shape}")
+
+
+def _check_indices(arrays: dict[str, np.ndarray], unpacked: set[str], arity: np.ndarray, n_classes: int) -> None:
+    """Every index array points inside what it indexes; the acceptance matrix is 0/1, no row empty."""
     class_index = arrays["class_index"]
-    if class_index.size and (class_index.min() < 0 or class_index.max() >= len(class_labels)):
+    if class_index.size and (class_index.min() < 0 or class_index.max() >= n_classes):
         raise CorruptInstance("class_index points outside class_labels")
     if "outcomes" in arrays and arrays["outcomes"].size:
         outcomes = arrays["outcomes"]
@@ -228,51 +277,51 @@ def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -
         tests = np.flatnonzero(arity < 2) if "outcomes" in unpacked else slice(None)
         if (outcomes[:, tests].max(axis=0, initial=0) >= arity[tests]).any():  # column maxima: no widened copy
             raise CorruptInstance("an outcome index points outside its test's outcome labels")
-
     acceptable = arrays.get("acceptable")
     if acceptable is not None and ((acceptable > 1).any() or not acceptable.any(axis=1).all()):
         raise CorruptInstance("the acceptance matrix must be 0/1 with a 1 in every row")
-    if (not isinstance(repeatable_indices, list)
-            or not all(type(t) is int and 0 <= t < n_tests for t in repeatable_indices)):
+
+
+def _instance(fields: _Header, arrays: dict[str, np.ndarray]) -> CompiledInstance:
+    """The instance of checked ``fields`` and ``arrays``, its optional parts checked first."""
+    n, n_tests = len(fields.hypothesis_ids), len(fields.test_ids)
+    if (not isinstance(fields.repeatable, list)
+            or not all(type(t) is int and 0 <= t < n_tests for t in fields.repeatable)):
         raise CorruptInstance("instance header's repeatable tests are not test indices")
-    if skip_cost not in ("free", "charged"):
-        raise CorruptInstance(f"unknown skip_cost {skip_cost!r}")
+    if fields.skip_cost not in ("free", "charged"):
+        raise CorruptInstance(f"unknown skip_cost {fields.skip_cost!r}")
+    theta = fields.theta
     if theta is not None:
         if not isinstance(theta, list) or len(theta) != n or not all(type(x) is float for x in theta):
             raise CorruptInstance("instance header's theta is not one number per hypothesis")
         theta = np.array(theta)
         theta.setflags(write=False)
     repeatable = None
-    if repeatable_indices:
+    if fields.repeatable:
         repeatable = np.zeros(n_tests, dtype=bool)
-        repeatable[repeatable_indices] = True
-
-    instance = CompiledInstance(
-        test_ids=test_ids,
-        outcome_labels=outcome_labels,
+        repeatable[fields.repeatable] = True
+    acceptable = arrays.get("acceptable")
+    return CompiledInstance(
+        test_ids=fields.test_ids,
+        outcome_labels=fields.outcome_labels,
         costs=arrays["costs"],
-        hypothesis_ids=hypothesis_ids,
-        class_labels=class_labels,
-        class_index=class_index.astype(np.intp, copy=False),
+        hypothesis_ids=fields.hypothesis_ids,
+        class_labels=fields.class_labels,
+        class_index=arrays["class_index"].astype(np.intp, copy=False),
         prior=arrays["prior"],
         outcomes=arrays.get("outcomes"),
         likelihood=None if "likelihood_by_outcome" not in arrays
         else arrays["likelihood_by_outcome"].transpose(0, 2, 1),
-        warnings=warnings,
-        decision_labels=decision_labels,
+        warnings=fields.warnings,
+        decision_labels=fields.decision_labels,
         acceptable=None if acceptable is None else acceptable.astype(bool),
         loss=arrays.get("loss"),
         repeatable=repeatable,
-        skip_charged=skip_cost == "charged",
-        test_text=test_text,
-        outcome_text=outcome_text,
+        skip_charged=fields.skip_cost == "charged",
+        test_text=fields.test_text,
+        outcome_text=fields.outcome_text,
         theta=theta,
     )
-    if checksum is not None:
-        instance.__dict__["content_hash"] = stated_hash  # vouched for by the checksum
-    elif instance.content_hash != stated_hash:
-        raise CorruptInstance(f"instance bytes hash to {instance.content_hash}, the header says {stated_hash}")
-    return instance
 
 
 def _display_text(header: dict, outcome_labels: tuple[tuple[str, ...], ...]):
