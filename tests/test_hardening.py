@@ -389,6 +389,7 @@ def test_drawing_a_tree_counts_against_the_time_limit(monkeypatch):
 
 
 def test_the_optimum_past_the_deadline_is_a_note_and_the_policies_are_still_reported(monkeypatch):
+    from service.evaluation import limits as limits_module
     from service.evaluation import report as report_module
 
     # A clock that stands still until the optimum starts, then jumps past any deadline.
@@ -401,7 +402,9 @@ def test_the_optimum_past_the_deadline_is_a_note_and_the_policies_are_still_repo
         return real_optimum(*args, **kwargs)
 
     monkeypatch.setattr(report_module, "optimal_expected_cost", optimum)
-    monkeypatch.setattr(report_module, "time", SimpleNamespace(monotonic=lambda: 1e9 if in_optimum else 0.0))
+    clock = SimpleNamespace(monotonic=lambda: 1e9 if in_optimum else 0.0)
+    monkeypatch.setattr(report_module, "time", clock)
+    monkeypatch.setattr(limits_module, "time", clock)
     report = evaluate(compile_wire(chain(12)), ["ec2", "gbs"], limits=EvaluationLimits(time_limit=5.0))
     assert in_optimum
     assert report.optimum is None and "EVALUATION_TIME_LIMIT" in report.optimum_note

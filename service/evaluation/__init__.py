@@ -2,10 +2,9 @@
 cost, gap to the exact optimum, decision trees as JSON / DOT / SVG / PNG, comparison plots.
 See docs/evaluation.md."""
 
+from .limits import EvaluationLimitExceeded, EvaluationLimits
 from .report import (
     ClassCost,
-    EvaluationLimitExceeded,
-    EvaluationLimits,
     EvaluationReport,
     PolicyEvaluation,
     default_policies,

@@ -49,26 +49,9 @@ from service.engine import (
     wilson_interval,
 )
 
+from .limits import EvaluationLimitExceeded, EvaluationLimits, check_deadline, check_size
+
 Progress = Callable[[int], None]  # called with the number of work units just finished
-
-
-class EvaluationLimitExceeded(InfeasibleComputation):
-    """The evaluation asked for more work than the configured limits allow (samples, time)."""
-
-    code = "evaluation-limit"
-
-
-@dataclass(frozen=True)
-class EvaluationLimits:
-    """Bounds on one evaluation; the HTTP layer sets them from its settings, the CLI is generous."""
-
-    max_samples: int = 1_000_000
-    max_tree_nodes: int = 200_000
-    max_dp_states: int = 50_000
-    time_limit: float | None = None  # seconds of wall clock for the whole evaluation
-    # n · N · (number of policies): the deadline is checked between tree walks and between Monte
-    # Carlo runs, so one walk or run must itself be small; this bounds it before anything starts.
-    max_policy_cells: int | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +172,35 @@ def evaluate(
         auto = recommend(inst, rules) if auto is None else auto
         names = list(dict.fromkeys(auto.policy if name == AUTO else name for name in names))
     resolved = [resolve_policy(inst, name, rules) for name in names]  # refuse unknown names up front
+    method = _method(inst, method)
+    check_size(inst, len(resolved), method, samples, limits)
+
+    def check() -> None:
+        check_deadline(deadline, limits)
+
+    if method == "exact":
+        results = [_exact(inst, policy, rules, seed, limits, check, progress) for policy in resolved]
+    else:
+        truths = np.random.default_rng(seed).choice(inst.n_hypotheses, size=samples, p=inst.prior)
+        results = [_monte_carlo(inst, policy, rules, seed, truths, check, progress) for policy in resolved]
+    opt, note = _optimum(inst, optimum, limits, check)
+    if opt is not None and opt > 0:
+        results = [_with_ratio(r, _ratio(r.expected_cost, opt)) for r in results]
+    return EvaluationReport(
+        instance_kind=inst.kind, n_hypotheses=inst.n_hypotheses, n_tests=inst.n_tests, n_classes=inst.n_classes,
+        p_min=inst.p_min,
+        rules={"max_tests": rules.max_tests, "max_cost": rules.max_cost,
+               "confidence": rules.effective_confidence(inst), "max_expected_loss": rules.max_expected_loss,
+               **({} if rules.max_se is None else {"max_se": rules.max_se})},
+        seed=seed, policies=results, optimum=opt, optimum_note=note,
+        ec2_bound=log_p_min_bound(inst) if inst.kind == "deterministic" and not inst.is_decision else None,
+        elapsed_seconds=time.monotonic() - started,
+        auto=None if auto is None else auto.to_dict(),
+    )
+
+
+def _method(inst: CompiledInstance, method: str) -> str:
+    """"exact" or "monte_carlo" for ``method`` ("auto": exact when deterministic)."""
     if method == "auto":
         method = "exact" if inst.kind == "deterministic" else "monte_carlo"
     if method == "exact" and inst.kind != "deterministic":
@@ -198,84 +210,41 @@ def evaluate(
         )
     if method not in ("exact", "monte_carlo"):
         raise ValueError(f"unknown evaluation method '{method}'")
-    work = inst.n_hypotheses * inst.n_tests * len(resolved)
-    if limits.max_policy_cells is not None and work > limits.max_policy_cells:
-        raise EvaluationLimitExceeded(
-            f"{inst.n_hypotheses} hypotheses × {inst.n_tests} tests × {len(resolved)} policies = {work} "
-            f"exceeds the limit of {limits.max_policy_cells} (max_policy_cells); evaluate fewer "
-            "policies at a time, or use the command line (edgecut evaluate)"
-        )
-    if method == "monte_carlo" and not 1 <= samples <= limits.max_samples:
-        raise EvaluationLimitExceeded(f"samples must be between 1 and {limits.max_samples} (max_samples)")
+    return method
 
-    def check() -> None:
-        _check_deadline(deadline, limits)
 
-    results: list[PolicyEvaluation] = []
-    if method == "exact":
-        for policy in resolved:
-            tree = policy_tree(inst, policy, rules, seed, max_nodes=limits.max_tree_nodes, check=check)
-            results.append(_from_tree(inst, policy.name, tree))
-            if progress:
-                progress(1)
-    else:
-        truths = np.random.default_rng(seed).choice(inst.n_hypotheses, size=samples, p=inst.prior)
-        for policy in resolved:
-            results.append(_monte_carlo(inst, policy, rules, seed, truths, check, progress))
+def _exact(inst: CompiledInstance, policy, rules: StopRules, seed: int, limits: EvaluationLimits,
+           check: Callable[[], None], progress: Progress | None) -> PolicyEvaluation:
+    tree = policy_tree(inst, policy, rules, seed, max_nodes=limits.max_tree_nodes, check=check)
+    if progress:
+        progress(1)
+    return _from_tree(inst, policy.name, tree)
 
-    opt, note, bound = None, None, None
-    if inst.kind == "deterministic":
-        bound = None if inst.is_decision else log_p_min_bound(inst)
-        if optimum:
-            check()
-            try:
-                solve = optimal_decision_cost if inst.is_decision else optimal_expected_cost
-                opt = solve(inst, max_states=limits.max_dp_states, check=check)
-            except EvaluationLimitExceeded:
-                # The policies' figures are done; only the optional optimum is left out.
-                note = (f"not computed: the optimum did not finish within the {limits.time_limit:g} s "
-                        "limit (EVALUATION_TIME_LIMIT)")
-            except InfeasibleComputation as error:
-                note = str(error)
-        else:
-            note = "not computed"
-        if opt is not None and opt > 0:
-            results = [_with_ratio(r, _ratio(r.expected_cost, opt)) for r in results]
-    else:
-        note = "the exact optimum is defined for deterministic instances only"
 
-    return EvaluationReport(
-        instance_kind=inst.kind,
-        n_hypotheses=inst.n_hypotheses,
-        n_tests=inst.n_tests,
-        n_classes=inst.n_classes,
-        p_min=inst.p_min,
-        rules={"max_tests": rules.max_tests, "max_cost": rules.max_cost,
-               "confidence": rules.effective_confidence(inst), "max_expected_loss": rules.max_expected_loss,
-               **({} if rules.max_se is None else {"max_se": rules.max_se})},
-        seed=seed,
-        policies=results,
-        optimum=opt,
-        optimum_note=note,
-        ec2_bound=bound,
-        elapsed_seconds=time.monotonic() - started,
-        auto=None if auto is None else auto.to_dict(),
-    )
+def _optimum(inst: CompiledInstance, optimum: bool, limits: EvaluationLimits,
+             check: Callable[[], None]) -> tuple[float | None, str | None]:
+    """The optimal expected cost (deterministic instances, when asked for) or the note saying
+    why it is not in the report."""
+    if inst.kind != "deterministic":
+        return None, "the exact optimum is defined for deterministic instances only"
+    if not optimum:
+        return None, "not computed"
+    check()
+    try:
+        solve = optimal_decision_cost if inst.is_decision else optimal_expected_cost
+        return solve(inst, max_states=limits.max_dp_states, check=check), None
+    except EvaluationLimitExceeded:
+        # The policies' figures are done; only the optional optimum is left out.
+        return None, (f"not computed: the optimum did not finish within the {limits.time_limit:g} s "
+                      "limit (EVALUATION_TIME_LIMIT)")
+    except InfeasibleComputation as error:
+        return None, str(error)
 
 
 def work_units(inst: CompiledInstance, n_policies: int, samples: int, method: str = "auto") -> int:
     """How many ``progress`` units an evaluation reports: one per policy (exact) or per run."""
     exact = method == "exact" or (method == "auto" and inst.kind == "deterministic")
     return n_policies if exact else n_policies * samples
-
-
-def _check_deadline(deadline: float | None, limits: EvaluationLimits) -> None:
-    if deadline is not None and time.monotonic() > deadline:
-        raise EvaluationLimitExceeded(
-            f"the evaluation would not finish within the {limits.time_limit:g} s limit "
-            "(EVALUATION_TIME_LIMIT, time_limit); ask for fewer samples or fewer policies, or run "
-            "edgecut evaluate, which has no time limit"
-        )
 
 
 def _ratio(cost: float, optimum: float) -> float | None:

@@ -11,10 +11,22 @@ from .report import EvaluationReport
 def format_tables(report: EvaluationReport, markdown: bool = False) -> str:
     """The report as text: one row per policy, then the mean cost per class. ``markdown`` gives
     pipe tables (docs/evaluation.md is made with it); otherwise aligned columns for a terminal."""
-    monte_carlo = any(p.method == "monte_carlo" for p in report.policies)
     decisions = any(p.expected_loss is not None for p in report.policies)
-    header = ["policy", "E[cost]", "E[tests]", "worst cost", "accuracy", "how runs end"]
     item_bank = any(p.theta_rmse is not None for p in report.policies)
+    lines = [_policy_table(report, decisions, item_bank, markdown),
+             "\n".join(("- " if markdown else "  ") + f for f in _facts(report, decisions, item_bank))]
+    classes = [c.label for c in report.policies[0].per_class] if report.policies else []
+    class_header = ["mean cost per class"] + [
+        f"{c.label} ({c.probability:.0%})" for c in report.policies[0].per_class] if classes else []
+    class_rows = [[p.policy] + [f"{_num(c.mean_cost)} [{_num(c.min_cost)}–{_num(c.max_cost)}]"
+                                for c in p.per_class] for p in report.policies]
+    if classes:
+        lines.append(_table(class_header, class_rows, markdown))
+    return "\n\n".join(lines) + "\n"
+
+
+def _policy_table(report: EvaluationReport, decisions: bool, item_bank: bool, markdown: bool) -> str:
+    header = ["policy", "E[cost]", "E[tests]", "worst cost", "accuracy", "how runs end"]
     if item_bank:
         header[5:5] = ["θ RMSE", "top exposure"]
     if decisions:
@@ -42,8 +54,12 @@ def format_tables(report: EvaluationReport, markdown: bool = False) -> str:
         if report.optimum is not None:
             row.append(_num(p.ratio_to_optimum) if p.ratio_to_optimum is not None else "-")
         rows.append(row)
-    lines = [_table(header, rows, markdown)]
+    return _table(header, rows, markdown)
 
+
+def _facts(report: EvaluationReport, decisions: bool, item_bank: bool) -> list[str]:
+    """What the numbers are: the instance, the method, the optimum, the stop rules."""
+    monte_carlo = any(p.method == "monte_carlo" for p in report.policies)
     facts = [f"{report.instance_kind} instance: {report.n_hypotheses} hypotheses, "
              f"{report.n_classes} classes, {report.n_tests} tests; p_min = {report.p_min:.4g}"]
     if monte_carlo:
@@ -66,16 +82,7 @@ def format_tables(report: EvaluationReport, markdown: bool = False) -> str:
     rules = {k: v for k, v in report.rules.items() if v is not None}
     if rules:
         facts.append("stop rules: " + ", ".join(f"{k} = {v}" for k, v in rules.items()))
-    lines.append("\n".join(("- " if markdown else "  ") + f for f in facts))
-
-    classes = [c.label for c in report.policies[0].per_class] if report.policies else []
-    class_header = ["mean cost per class"] + [
-        f"{c.label} ({c.probability:.0%})" for c in report.policies[0].per_class] if classes else []
-    class_rows = [[p.policy] + [f"{_num(c.mean_cost)} [{_num(c.min_cost)}–{_num(c.max_cost)}]"
-                                for c in p.per_class] for p in report.policies]
-    if classes:
-        lines.append(_table(class_header, class_rows, markdown))
-    return "\n\n".join(lines) + "\n"
+    return facts
 
 
 def format_recommendation(recommendation: Recommendation, markdown: bool = False) -> str:

@@ -36,7 +36,7 @@ from service.engine import (
     worst_case_cost,
 )
 
-from .report import EvaluationLimitExceeded
+from .limits import EvaluationLimitExceeded
 
 FORMATS = ("json", "dot", "svg", "png")
 MEDIA_TYPES = {
@@ -131,45 +131,7 @@ def build_tree(
 def tree_to_dict(inst: CompiledInstance, tree: TreeNode, policy: str, rules: StopRules,
                  cut: int | None = None) -> dict:
     """The tree in the documented JSON shape (tree.schema.json)."""
-    counter = iter(range(1 << 62))
-
-    def node_dict(node: TreeNode) -> dict:
-        belief = node.belief
-        posterior = belief.class_posterior
-        top = int(np.argmax(posterior))
-        out: dict = {
-            "id": f"n{next(counter)}",
-            "depth": node.depth,
-            "probability": node.probability,
-            "cost": node.cost,
-            "class_posterior": {inst.class_labels[c]: float(posterior[c]) for c in np.flatnonzero(posterior > 0)},
-            "map_class": inst.class_labels[top],
-        }
-        if inst.is_decision:
-            out["decision"] = inst.decision_labels[final_decision(belief)]
-            probability = decision_posterior(belief)
-            out["decision_posterior"] = {inst.decision_labels[d]: float(probability[d])
-                                         for d in np.flatnonzero(probability > 0)}
-        if node.is_leaf:
-            reason = node.decision.stop_reason
-            out["stop_reason"] = reason.value if reason is not None else None
-            out["truncated"] = bool(cut is not None and reason == StopReason.MAX_TESTS and node.depth >= cut)
-            out["n_hypotheses"] = int(belief.alive.size)
-            if inst.kind == "deterministic" and belief.alive.size <= MAX_LISTED_HYPOTHESES:
-                out["hypotheses"] = [inst.hypothesis_ids[h] for h in belief.alive]
-            return out
-        t = node.test
-        out["test"] = inst.test_ids[t]
-        out["test_cost"] = float(inst.costs[t])
-        out["branches"] = [
-            {"outcome": inst.outcome_labels[t][k],
-             "probability": child.probability / node.probability if node.probability > 0 else 0.0,
-             "node": node_dict(child)}
-            for k, child in sorted(node.children.items())
-        ]
-        return out
-
-    root = node_dict(tree)
+    root = _node_dict(inst, tree, cut, iter(range(1 << 62)))
     leaves = list(tree.leaves())
     return {
         "$schema": SCHEMA_ID,
@@ -196,6 +158,44 @@ def tree_to_dict(inst: CompiledInstance, tree: TreeNode, policy: str, rules: Sto
         },
         "root": root,
     }
+
+
+def _node_dict(inst: CompiledInstance, node: TreeNode, cut: int | None, counter) -> dict:
+    """One node of the tree and, recursively, its subtree (at most MAX_EXPORT_DEPTH deep)."""
+    belief = node.belief
+    posterior = belief.class_posterior
+    top = int(np.argmax(posterior))
+    out: dict = {
+        "id": f"n{next(counter)}",
+        "depth": node.depth,
+        "probability": node.probability,
+        "cost": node.cost,
+        "class_posterior": {inst.class_labels[c]: float(posterior[c]) for c in np.flatnonzero(posterior > 0)},
+        "map_class": inst.class_labels[top],
+    }
+    if inst.is_decision:
+        out["decision"] = inst.decision_labels[final_decision(belief)]
+        probability = decision_posterior(belief)
+        out["decision_posterior"] = {inst.decision_labels[d]: float(probability[d])
+                                     for d in np.flatnonzero(probability > 0)}
+    if node.is_leaf:
+        reason = node.decision.stop_reason
+        out["stop_reason"] = reason.value if reason is not None else None
+        out["truncated"] = bool(cut is not None and reason == StopReason.MAX_TESTS and node.depth >= cut)
+        out["n_hypotheses"] = int(belief.alive.size)
+        if inst.kind == "deterministic" and belief.alive.size <= MAX_LISTED_HYPOTHESES:
+            out["hypotheses"] = [inst.hypothesis_ids[h] for h in belief.alive]
+        return out
+    t = node.test
+    out["test"] = inst.test_ids[t]
+    out["test_cost"] = float(inst.costs[t])
+    out["branches"] = [
+        {"outcome": inst.outcome_labels[t][k],
+         "probability": child.probability / node.probability if node.probability > 0 else 0.0,
+         "node": _node_dict(inst, child, cut, counter)}
+        for k, child in sorted(node.children.items())
+    ]
+    return out
 
 
 def tree_to_json(document: dict) -> str:
