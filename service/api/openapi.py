@@ -209,8 +209,12 @@ def build_spec() -> dict[str, Any]:
     for path, item in paths.items():
         for method, operation in item.items():
             if path.startswith(FHIR_PREFIX):
+                # The views list their refusals (OperationOutcomes); those made below the
+                # application, by the worker, are problem+json on every path.
                 if path not in OPEN_PATHS:
                     operation["security"] = [{"bearerApiKey": []}, {}]
+                below = problems(*BELOW_THE_APPLICATION)
+                operation["responses"] = dict(sorted({**below, **operation["responses"]}.items()))
                 continue
             refused = cat_refusals if path.startswith(CAT_PREFIX) else problems
             extra = refused(*BELOW_THE_APPLICATION)

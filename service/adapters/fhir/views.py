@@ -46,7 +46,8 @@ def _fhir_body(description: str) -> dict[str, Any]:
             "content": {FHIR_MEDIA_TYPE: {"schema": {"type": "object", "required": ["resourceType"]}}}}
 
 
-_OUTCOME = _fhir_body("An OperationOutcome saying what was refused and where (FHIRPath expressions)")
+_OUTCOME = _fhir_body("An OperationOutcome saying what was refused and where (FHIRPath expressions); a "
+                      "refusal the worker makes before the application sees the request is problem+json")
 
 
 @bp.get("/metadata")
