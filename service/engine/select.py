@@ -117,29 +117,15 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     With ``batch_size`` k > 1, :attr:`Decision.batch` extends the choice greedily on the batch's
     joint outcomes (:func:`greedy_batch`)."""
     inst = belief.instance
-    if rules.max_expected_loss is not None and inst.loss is None:
-        raise StopRuleNotApplicable("max_expected_loss needs a decision instance with losses ('loss' or 'loss_matrix')")
-    if rules.max_se is not None and inst.theta is None:
-        raise StopRuleNotApplicable("max_se needs an item-bank instance ('item_bank'): others have no θ")
+    _check_rules_apply(inst, rules)
 
     def stop(reason: StopReason, scores: np.ndarray | None = None) -> Decision:
         return Decision(belief, None, reason, np.full(inst.n_tests, np.nan) if scores is None else scores)
 
-    confidence = rules.effective_confidence(inst)
-    if policy.decision:
-        if _decided(belief, confidence, rules.max_expected_loss):
-            return stop(StopReason.DECIDED)
-    else:
-        # Class policies (on a decision instance: on section 4's reduction to classes).
-        if np.count_nonzero(belief.class_mass) <= 1:
-            return stop(StopReason.DETERMINED)
-        if confidence is not None and belief.class_posterior.max() >= confidence:
-            return stop(StopReason.CONFIDENCE_REACHED)
-    if rules.max_se is not None and theta_estimate(belief)[1] <= rules.max_se:
-        return stop(StopReason.MAX_SE)
+    reached = _rule_reached(belief, policy, rules)
+    if reached is not None:
+        return stop(reached)
     answered = len(belief.answers)
-    if rules.max_tests is not None and answered >= rules.max_tests:
-        return stop(StopReason.MAX_TESTS)
     unrun = ~belief.run_tests
     open_tests = unrun if inst.repeatable is None else unrun | inst.repeatable_tests
     available = open_tests if answered == len(belief.observations) else open_tests & ~belief.skipped_tests
@@ -150,18 +136,8 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     class_edges = inst.kind == "deterministic" and not policy.decision
     statistics = policy.statistics | EDGE_CUTTING_STATISTICS if class_edges else policy.statistics
     stats = belief.outcome_stats(statistics)
-    if class_edges:
-        # Policy-independent: can any unrun test still cut an edge between classes? A gain above
-        # the tolerance says yes; otherwise the outcomes themselves decide, exactly (a class
-        # too light for the tolerance is not "indistinguishable").
-        edge_gain = stats.gain(edge_cutting_gain)
-        if not (edge_gain[unrun] > ZERO_GAIN).any() and not splits(belief, unrun):
-            return stop(StopReason.INDISTINGUISHABLE)
-    elif inst.kind == "deterministic":
-        # Undecided, so every split of V cuts a hyperedge: does an unrun test split V? The region
-        # sums give p(x) as sums of positive masses, exactly 0 for an outcome nobody in V gives.
-        if not ((stats.p[unrun] > 0).sum(axis=1) >= 2).any():
-            return stop(StopReason.INDISTINGUISHABLE)
+    if inst.kind == "deterministic" and _indistinguishable(belief, stats, unrun, class_edges):
+        return stop(StopReason.INDISTINGUISHABLE)
     if not open_tests.any():
         return stop(StopReason.TESTS_EXHAUSTED)
     gain = stats.gain(policy.gain)  # computed once when it is also Δ_EC above
@@ -173,11 +149,7 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     positive = gain > ZERO_GAIN
     informative = eligible & positive
     per_cost = gain / inst.costs
-    scores = np.maximum(per_cost, 0.0)
-    scale = belief.total_mass ** policy.score_power
-    if scale != 1.0:  # a likelihood belief's mass is normalised
-        scores *= scale
-    scores = np.where(eligible, scores, np.nan)
+    scores = _shown_scores(belief, policy, per_cost, eligible)
     ratio = np.where(informative, per_cost, -np.inf)
     best = int(ratio.argmax())
     if ratio[best] == -np.inf:  # nothing informative
@@ -185,19 +157,72 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
         return stop(StopReason.BUDGET_EXHAUSTED if beyond_budget.any() else StopReason.NO_INFORMATIVE_TEST, scores)
 
     if policy.seeded:
-        # Seeded by (seed, step) so a replay of the same observations picks the same test.
-        candidates = informative.nonzero()[0]
-        rng = np.random.default_rng([seed, len(belief.observations)])
-        chosen = int(rng.choice(candidates))
-        batch: tuple[int, ...] = (chosen,)
-        if batch_size > 1:
-            rest = rng.permutation(candidates[candidates != chosen]).tolist()
-            batch = _fit_batch(belief, rules, [chosen, *rest], batch_size)
-        return Decision(belief, chosen, None, scores, batch)
+        return _seeded_choice(belief, rules, seed, informative, scores, batch_size)
     chosen = _earliest_best(ratio, best)
     batch = (chosen,)
     if batch_size > 1:
         batch = greedy_batch(belief, policy, rules, stats, chosen, eligible, batch_size)
+    return Decision(belief, chosen, None, scores, batch)
+
+
+def _check_rules_apply(inst, rules: StopRules) -> None:
+    if rules.max_expected_loss is not None and inst.loss is None:
+        raise StopRuleNotApplicable("max_expected_loss needs a decision instance with losses ('loss' or 'loss_matrix')")
+    if rules.max_se is not None and inst.theta is None:
+        raise StopRuleNotApplicable("max_se needs an item-bank instance ('item_bank'): others have no θ")
+
+
+def _shown_scores(belief: Belief, policy: Policy, per_cost: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+    """:attr:`Decision.scores`: each eligible test's gain per cost (at least 0), NaN elsewhere."""
+    scores = np.maximum(per_cost, 0.0)
+    scale = belief.total_mass ** policy.score_power
+    if scale != 1.0:  # a likelihood belief's mass is normalised
+        scores *= scale
+    return np.where(eligible, scores, np.nan)
+
+
+def _rule_reached(belief: Belief, policy: Policy, rules: StopRules) -> StopReason | None:
+    """The first stop rule the belief meets before any test is scored, if any."""
+    confidence = rules.effective_confidence(belief.instance)
+    if policy.decision:
+        if _decided(belief, confidence, rules.max_expected_loss):
+            return StopReason.DECIDED
+    else:
+        # Class policies (on a decision instance: on section 4's reduction to classes).
+        if np.count_nonzero(belief.class_mass) <= 1:
+            return StopReason.DETERMINED
+        if confidence is not None and belief.class_posterior.max() >= confidence:
+            return StopReason.CONFIDENCE_REACHED
+    if rules.max_se is not None and theta_estimate(belief)[1] <= rules.max_se:
+        return StopReason.MAX_SE
+    if rules.max_tests is not None and len(belief.answers) >= rules.max_tests:
+        return StopReason.MAX_TESTS
+    return None
+
+
+def _indistinguishable(belief: Belief, stats, unrun: np.ndarray, class_edges: bool) -> bool:
+    """On a deterministic instance: no unrun test can separate what is left."""
+    if class_edges:
+        # Policy-independent: can any unrun test still cut an edge between classes? A gain above
+        # the tolerance says yes; otherwise the outcomes themselves decide, exactly (a class
+        # too light for the tolerance is not "indistinguishable").
+        edge_gain = stats.gain(edge_cutting_gain)
+        return not (edge_gain[unrun] > ZERO_GAIN).any() and not splits(belief, unrun)
+    # Undecided, so every split of V cuts a hyperedge: does an unrun test split V? The region
+    # sums give p(x) as sums of positive masses, exactly 0 for an outcome nobody in V gives.
+    return not ((stats.p[unrun] > 0).sum(axis=1) >= 2).any()
+
+
+def _seeded_choice(belief: Belief, rules: StopRules, seed: int, informative: np.ndarray, scores: np.ndarray,
+                   batch_size: int) -> Decision:
+    # Seeded by (seed, step) so a replay of the same observations picks the same test.
+    candidates = informative.nonzero()[0]
+    rng = np.random.default_rng([seed, len(belief.observations)])
+    chosen = int(rng.choice(candidates))
+    batch: tuple[int, ...] = (chosen,)
+    if batch_size > 1:
+        rest = rng.permutation(candidates[candidates != chosen]).tolist()
+        batch = _fit_batch(belief, rules, [chosen, *rest], batch_size)
     return Decision(belief, chosen, None, scores, batch)
 
 
