@@ -194,6 +194,36 @@ def estimation(args, params, theta, right, catsim_estimates: np.ndarray) -> str:
     return table(["items", f"edgecut EAP ({policy.name}, θ grid as classes)", "catsim MLE", "edgecut / catsim"], rows)
 
 
+def exposure(args, params, theta, right) -> str:
+    """Fixed length 20 at two cut scores, without and with randomesque k = 5 (each examinee its
+    own seed): accuracy, and the share of examinees given the most-used item."""
+    inst = engine.compile_instance(Instance.model_validate(item_bank(params, CUTS)))
+    policy = engine.resolve_policy(inst, None)
+    truth = level_of(theta)
+    rows, accuracy = [], {}
+    for k in (None, 5):
+        rules = engine.StopRules(max_tests=20, randomesque=k)
+        given = np.zeros(inst.n_tests)
+        correct = np.zeros(theta.size, dtype=bool)
+        for e in range(theta.size):
+            observations: list = []
+            belief = None
+            while True:
+                belief = engine.observe(inst, observations, belief)
+                decision = engine.decide(belief, policy, rules, seed=e)
+                if decision.done:
+                    break
+                observations = observations + [(decision.next_test, int(right[e, decision.next_test]))]
+            given[[t for t, _ in observations]] += 1
+            correct[e] = int(np.argmax(belief.class_mass)) == truth[e]
+        accuracy[k] = correct
+        top = int(np.argmax(given))
+        rows.append(["none" if k is None else f"randomesque k = {k}", accuracy_cell(correct),
+                     f"{given[top] / theta.size:.1%} ({inst.test_ids[top]})",
+                     "-" if k is None else paired_cell(correct, accuracy[None])])
+    return table(["exposure control", "accuracy at 20 items", "most-used item's rate", "change (paired)"], rows)
+
+
 def selection_times(args, catsim) -> str:
     rows = []
     for n_items in (300, 3000):
@@ -228,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-items", type=int, default=60, help="longest variable-length test (both sides)")
     parser.add_argument("--timed", type=int, default=200, help="selections timed per bank size")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=("exposure",), default=None, help="one section alone")
     args = parser.parse_args(argv)
     try:
         import catsim.estimation
@@ -248,9 +279,13 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{args.items} 3PL items, {args.examinees} examinees, seed {args.seed}; catsim "
           f"{getattr(catsim, '__version__', '0.21')}; 95 % intervals in brackets\n")
+    if args.only == "exposure":
+        print("## Exposure control\n\n" + exposure(args, params, theta, right) + "\n")
+        return 0
     tables, found = classification(args, params, theta, right, parts)
     print("## Classification at two cut scores\n\n" + tables + "\n")
     print("## θ estimation\n\n" + estimation(args, params, theta, right, found["estimates"]) + "\n")
+    print("## Exposure control\n\n" + exposure(args, params, theta, right) + "\n")
     print("## Time per selection\n\n" + selection_times(args, catsim) + "\n")
     print(f"({time.perf_counter() - started:.0f} s)")
     return 0

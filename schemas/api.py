@@ -6,7 +6,7 @@ silently ignored limit). Responses are plain data; the service builds them, clie
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, model_validator
 
@@ -17,6 +17,7 @@ InstanceId = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="sha256
 MAX_OBSERVATIONS_PER_REQUEST = 10_000
 MAX_SEED = 2**63 - 1
 MAX_BATCH_SIZE = 32
+MAX_RANDOMESQUE_K = 100
 MAX_EXCLUDED_TESTS = 100_000
 
 
@@ -124,6 +125,13 @@ class ObservationCorrection(_Request):
         return self
 
 
+class Exposure(_Request):
+    """Exposure control: ``randomesque`` draws the next test uniformly among the ``k`` best."""
+
+    method: Literal["randomesque"]
+    k: Annotated[StrictInt, Field(ge=1, le=MAX_RANDOMESQUE_K)]
+
+
 class StepConfig(_Request):
     """What a session (or a stateless select) runs: the instance, the policy and the stop rules."""
 
@@ -138,6 +146,8 @@ class StepConfig(_Request):
     max_expected_loss: MaxExpectedLoss | None = None
     # Item banks: done once the posterior SD of θ is at most this.
     max_se: MaxSE | None = None
+    # Exposure control; a session draws from its seed and its id, a stateless select from its seed.
+    exposure: Exposure | None = None
     # Tests that cannot be run here (a clinic without the machine): never proposed.
     exclude_tests: Labels = Field(default_factory=list, max_length=MAX_EXCLUDED_TESTS)
     # Tests proposed together (a page of questions): ``next_tests`` holds up to this many.

@@ -289,3 +289,58 @@ def test_the_command_prints_them(tmp_path, capsys):
                  "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "θ RMSE" in out and "100.0% (sharp)" in out
+
+
+# --- Exposure control: randomesque ------------------------------------------------------------
+
+def bank_of(n_items=40, seed=3):
+    rng = np.random.default_rng(seed)
+    return {"item_bank": {"items": [{"id": f"q{j}", "model": "3PL", "a": float(rng.lognormal(0, 0.25)),
+                                     "b": float(rng.normal()), "c": float(rng.uniform(0, 0.25))}
+                                    for j in range(n_items)], "cut_scores": [0.0]}}
+
+
+def test_randomesque_draws_uniformly_among_the_k_best():
+    inst = compiled(bank_of())
+    policy = engine.resolve_policy(inst, "infogain")
+    belief = engine.observe(inst, [(0, 1), (5, 0)])
+    scores = engine.decide(belief, policy).scores
+    ranked = sorted((t for t in range(inst.n_tests) if not np.isnan(scores[t]) and t not in (0, 5)),
+                    key=lambda t: (-scores[t], t))
+    drawn = [engine.decide(belief, policy, engine.StopRules(randomesque=5), seed=s).next_test for s in range(400)]
+    assert set(drawn) == set(ranked[:5])
+    counts = np.bincount(drawn, minlength=inst.n_tests)[ranked[:5]]
+    assert counts.min() > 400 / 5 * 0.6  # uniform: each about 80 of 400
+    assert engine.decide(belief, policy, engine.StopRules(randomesque=5), seed=7).next_test == drawn[7]
+    assert engine.decide(belief, policy, engine.StopRules(randomesque=1), seed=7).next_test == ranked[0]
+
+
+def test_sessions_with_randomesque_differ_from_each_other_and_replay_themselves(client):
+    bank = bank_of()
+    instance_id = client.post("/v1/instances", json=bank).get_json()["instance_id"]
+    best = [c["test"] for c in client.post("/v1/sessions?explain=true",
+                                           json={"instance_id": instance_id}).get_json()["candidates"]]
+    exposure = {"method": "randomesque", "k": 5}
+    states = [client.post("/v1/sessions", json={"instance_id": instance_id, "exposure": exposure}).get_json()
+              for _ in range(30)]
+    first = [s["next_test"]["id"] for s in states]
+    assert set(first) <= set(best[:5]) and len(set(first)) >= 3
+    for state in states[:5]:  # a session's own choice does not change when read again
+        again = client.get(f"/v1/sessions/{state['session_id']}").get_json()
+        assert again["next_test"] == state["next_test"]
+    # The same seed and id replay the same draw after an answer too.
+    url = f"/v1/sessions/{states[0]['session_id']}/observations"
+    answered = client.post(url, json={"observations": [{"test": first[0], "outcome": "1"}]}).get_json()
+    assert client.get(f"/v1/sessions/{states[0]['session_id']}").get_json()["next_test"] == answered["next_test"]
+    key = {"Idempotency-Key": "exposure-1"}
+    made = client.post("/v1/sessions", json={"instance_id": instance_id, "exposure": exposure}, headers=key)
+    retried = client.post("/v1/sessions", json={"instance_id": instance_id, "exposure": exposure}, headers=key)
+    assert made.status_code == 201 and retried.get_json() == made.get_json()
+
+
+@pytest.mark.parametrize("exposure", [{"method": "randomesque", "k": 0}, {"method": "shuffle", "k": 5},
+                                      {"method": "randomesque"}, {"method": "randomesque", "k": 5, "x": 1}])
+def test_bad_exposure_is_422_at_its_path(client, exposure):
+    response = client.post("/v1/sessions", json={"instance": bank_of(5), "exposure": exposure})
+    assert response.status_code == 422 and response.mimetype == PROBLEM
+    assert all(e["path"].startswith("exposure") for e in response.get_json()["errors"])

@@ -70,11 +70,14 @@ def add_stop_rules(parser: argparse.ArgumentParser) -> None:
                         help="decision instances with losses: stop once the least expected loss is at most this")
     parser.add_argument("--max-se", type=float, default=None,
                         help="item banks: stop once the posterior SD of θ is at most this")
+    parser.add_argument("--randomesque", type=int, default=None, metavar="K",
+                        help="exposure control: draw each test among the K best (seeded per run)")
 
 
 def stop_rules(args: argparse.Namespace) -> engine.StopRules:
     return engine.StopRules(max_tests=args.max_tests, max_cost=args.max_cost, confidence=args.confidence,
-                            max_expected_loss=args.max_expected_loss, max_se=args.max_se)
+                            max_expected_loss=args.max_expected_loss, max_se=args.max_se,
+                            randomesque=args.randomesque)
 
 
 def _names(text: str) -> list[str]:

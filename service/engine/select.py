@@ -64,6 +64,10 @@ class StopRules(NamedTuple):
     max_expected_loss: float | None = None
     # Item banks: stop once θ's posterior SD is at most this (item_bank.py).
     max_se: float | None = None
+    # Not a stop rule but exposure control, kept here because these rules travel with every run
+    # (sessions, their cached steps, evaluation, auto): draw the test uniformly among the k best
+    # (randomesque), seeded by (seed, step).
+    randomesque: int | None = None
 
     def effective_confidence(self, inst: CompiledInstance) -> float | None:
         if self.confidence is not None:
@@ -159,6 +163,8 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     if policy.seeded:
         return _seeded_choice(belief, rules, seed, informative, scores, batch_size)
     chosen = _earliest_best(ratio, best)
+    if rules.randomesque is not None and rules.randomesque > 1:
+        chosen = _randomesque(ratio, informative, rules.randomesque, seed, len(belief.observations))
     batch = (chosen,)
     if batch_size > 1:
         batch = greedy_batch(belief, policy, rules, stats, chosen, eligible, batch_size)
@@ -344,6 +350,15 @@ def greedy_batch(belief: Belief, policy: Policy, rules: StopRules, stats: Outcom
         in_batch[chosen] = True
         spent += float(inst.costs[chosen])
     return tuple(batch)
+
+
+def _randomesque(ratio: np.ndarray, informative: np.ndarray, k: int, seed: int, step: int) -> int:
+    """One of the ``k`` informative tests of highest gain per cost (ties in instance order), drawn
+    uniformly with a generator keyed by (seed, step, 1): a replay of the same observations
+    draws the same test, and the stream differs from the random policy's (seed, step)."""
+    order = np.argsort(-np.where(informative, ratio, -np.inf), kind="stable")
+    best = order[:min(k, int(informative.sum()))]
+    return int(np.random.default_rng([seed, step, 1]).choice(best))
 
 
 def _decided(belief: Belief, confidence: float | None, max_expected_loss: float | None) -> bool:

@@ -123,6 +123,7 @@ class Sessions:
             confidence=None if request.confidence is None else float(request.confidence),
             max_expected_loss=None if request.max_expected_loss is None else float(request.max_expected_loss),
             max_se=None if request.max_se is None else float(request.max_se),
+            randomesque=None if request.exposure is None else request.exposure.k,
             seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
             exclude_tests=excluded, batch_size=request.batch_size,
         )
@@ -195,7 +196,8 @@ def stop_rules(config: StepConfig) -> engine.StopRules:
     return engine.StopRules(config.max_tests, None if config.max_cost is None else float(config.max_cost),
                             None if config.confidence is None else float(config.confidence),
                             None if config.max_expected_loss is None else float(config.max_expected_loss),
-                            None if config.max_se is None else float(config.max_se))
+                            None if config.max_se is None else float(config.max_se),
+                            None if config.exposure is None else config.exposure.k)
 
 
 def checked_exclusions(compiled: engine.CompiledInstance, config: StepConfig) -> tuple[str, ...]:

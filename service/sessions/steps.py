@@ -6,6 +6,7 @@ only on what :class:`StepKey` holds, so any worker computes the same step from t
 
 from __future__ import annotations
 
+import hashlib
 from typing import NamedTuple
 
 import numpy as np
@@ -48,16 +49,24 @@ class StepKey(NamedTuple):
 def step_key(tenant: str, compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
              observations: Labelled, excluded: tuple[str, ...], batch_size: int) -> StepKey:
     # Sessions that differ in their seed alone share their steps, unless the policy draws from it.
-    seeded = engine.resolve_policy(compiled, policy).seeded
+    seeded = engine.resolve_policy(compiled, policy).seeded or rules.randomesque is not None
     return StepKey(tenant, compiled.content_hash, policy, rules, seed if seeded else None, excluded, batch_size, observations)
 
 
 def session_key(record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> StepKey:
     """The key of the step after ``observations`` in ``record``'s session."""
     rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss,
-                             record.max_se)
-    return step_key(record.tenant, compiled, record.policy, rules, record.seed, observations, record.exclude_tests,
+                             record.max_se, record.randomesque)
+    seed = record.seed if record.randomesque is None else session_seed(record.seed, record.session_id)
+    return step_key(record.tenant, compiled, record.policy, rules, seed, observations, record.exclude_tests,
                     record.batch_size)
+
+
+def session_seed(seed: int, session_id: str) -> int:
+    """The seed a session's exposure control draws from: its own seed and its id, so two sessions
+    with the same answers (and the default seed) do not ask the same items, while a session's
+    replays draw the same."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{session_id}".encode()).digest()[:8], "little")
 
 
 def key_bytes(key: StepKey, compiled: engine.CompiledInstance) -> int:

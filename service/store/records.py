@@ -11,9 +11,9 @@ from .base import CorruptRecord, SessionRecord
 
 _RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost", "confidence", "seed",
                   "observations", "version", "created_at", "tenant", "max_expected_loss", "exclude_tests",
-                  "batch_size", "max_se")
+                  "batch_size", "max_se", "randomesque")
 # Written only when set, so records without them encode as they always did.
-_SPARSE_FIELDS = {"max_se"}
+_SPARSE_FIELDS = {"max_se", "randomesque"}
 
 
 def encode_record(record: SessionRecord) -> bytes:
@@ -29,9 +29,10 @@ _TEXT, _COUNT, _NUMBER = (str,), (int,), (int, float)
 _RECORD_TYPES = {"session_id": _TEXT, "instance_id": _TEXT, "policy": _TEXT, "max_tests": _COUNT,
                  "max_cost": _NUMBER, "confidence": _NUMBER, "seed": _COUNT, "observations": (list,),
                  "version": _COUNT, "created_at": _NUMBER, "tenant": _TEXT, "max_expected_loss": _NUMBER,
-                 "exclude_tests": (list,), "batch_size": _COUNT, "max_se": _NUMBER}
+                 "exclude_tests": (list,), "batch_size": _COUNT, "max_se": _NUMBER,
+                 "randomesque": _COUNT}
 # May be null, or absent from records written before the field existed.
-_OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence", "max_expected_loss", "max_se"}
+_OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence", "max_expected_loss", "max_se", "randomesque"}
 # Absent from records written before the field existed: read as these.
 _FIELD_DEFAULTS = {"exclude_tests": [], "batch_size": 1}
 
