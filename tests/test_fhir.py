@@ -152,6 +152,29 @@ def test_the_step_config_extension_sets_what_select_takes(client):
     assert results["$result.stop-reason"] == {"valueString": "max_tests"}
 
 
+def test_a_questionnaire_read_with_a_query_carries_it(client):
+    instance_id = client.post("/v1/instances", json=worded_triage()).get_json()["instance_id"]
+    read = client.get(f"/fhir/Questionnaire/{instance_id}?policy=ec2&max_tests=2&exclude_tests=cough"
+                      "&exclude_tests=fever&batch_size=2&confidence=0.99")
+    questionnaire = valid(read.get_json())
+    assert questionnaire["extension"][1] == {"url": STEP_CONFIG, "extension": [
+        {"url": "policy", "valueString": "ec2"}, {"url": "max_tests", "valueInteger": 2},
+        {"url": "exclude_tests", "valueString": "cough"}, {"url": "exclude_tests", "valueString": "fever"},
+        {"url": "batch_size", "valueInteger": 2}, {"url": "confidence", "valueDecimal": 0.99}]}
+    page = post(client, start(questionnaire)).get_json()
+    reference = client.post("/v1/select", json={
+        "instance_id": instance_id, "policy": "ec2", "max_tests": 2, "exclude_tests": ["cough", "fever"],
+        "batch_size": 2, "confidence": 0.99}).get_json()
+    assert [i["linkId"] for i in page["contained"][0]["item"]] == [t["id"] for t in reference["next_tests"]]
+
+
+@pytest.mark.parametrize("query", ["colour=red", "max_tests=two", "confidence=2", "policy=nope", "max_tests=-1",
+                                   "confidence=nan"])
+def test_a_bad_query_is_an_operation_outcome(client, query):
+    instance_id = client.post("/v1/instances", json=TRIAGE).get_json()["instance_id"]
+    assert_outcome(client.get(f"/fhir/Questionnaire/{instance_id}?{query}"), 400, "value", None)
+
+
 @pytest.mark.parametrize("parts, status", [
     ({"confidence": 2.0}, 422), ({"max_tests": "3"}, 422), ({"colour": "red"}, 422), ({"policy": "nope"}, 422),
     ({"exclude_tests": ["no such test"]}, 422),

@@ -18,12 +18,9 @@ from typing import Any
 from service import engine
 
 from .outcomes import FhirError
-from .resources import RESULT_LINK_IDS, test_of_link, test_system
+from .resources import RESULT_LINK_IDS, STEP_CONFIG, test_of_link, test_system
 
 DATA_ABSENT_REASON = "http://hl7.org/fhir/StructureDefinition/data-absent-reason"
-# The contained Questionnaire's extension naming what the replay runs, as POST /v1/select takes it:
-# sub-extensions named after its fields (policy, max_tests, confidence, …; exclude_tests repeated).
-STEP_CONFIG = "urn:edgecut:fhir:step-config"
 CONFIG_VALUES = ("valueString", "valueCode", "valueInteger", "valuePositiveInt", "valueUnsignedInt", "valueDecimal",
                  "valueBoolean")
 LISTED = ("exclude_tests",)

@@ -28,6 +28,13 @@ HIDDEN = "http://hl7.org/fhir/StructureDefinition/questionnaire-hidden"
 # The CapabilityStatement's date: when this statement's content last changed.
 CAPABILITY_DATE = "2026-11-26"
 
+# The contained Questionnaire's extension naming what the replay runs, as POST /v1/select takes it:
+# sub-extensions named after its fields (policy, max_tests, confidence, …; exclude_tests repeated).
+STEP_CONFIG = "urn:edgecut:fhir:step-config"
+# /v1/select's fields a GET of a Questionnaire may set in that extension, by type.
+QUERY_FIELDS = {"policy": str, "max_tests": int, "seed": int, "batch_size": int, "max_cost": float,
+                "confidence": float, "max_expected_loss": float, "max_se": float, "exclude_tests": list}
+
 # The result items' linkIds; a test of the same id could not be told apart from them.
 RESULT_CLASS, RESULT_DECISION = "$result.class", "$result.decision"
 RESULT_PROBABILITY, RESULT_STOP_REASON = "$result.probability", "$result.stop-reason"
@@ -61,15 +68,27 @@ def test_of_link(compiled: engine.CompiledInstance, link: str) -> str | None:
     return repeated.group(1) if repeated and repeated.group(1) in compiled.test_index else None
 
 
-def questionnaire(base: str, compiled: engine.CompiledInstance) -> dict[str, Any]:
-    """The instance as an adaptive Questionnaire: no items (``$next-question`` adds them)."""
+def step_config_extension(config: dict[str, Any]) -> dict[str, Any]:
+    """The step-config extension (STEP_CONFIG) holding ``config``'s fields."""
+    kinds = {bool: "valueBoolean", int: "valueInteger", float: "valueDecimal", str: "valueString"}
+    return {"url": STEP_CONFIG, "extension": [
+        {"url": name, kinds[type(value)]: value} for name, given in config.items()
+        for value in (given if isinstance(given, list) else [given])]}
+
+
+def questionnaire(base: str, compiled: engine.CompiledInstance, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The instance as an adaptive Questionnaire: no items (``$next-question`` adds them);
+    ``config``: what its replays run (the step-config extension)."""
     instance_id = compiled.content_hash
     what = "decision" if compiled.is_decision else "class"
+    extensions = [{"url": ADAPTIVE_EXTENSION, "valueUrl": f"{base}/fhir"}]
+    if config:
+        extensions.append(step_config_extension(config))
     return {
         "resourceType": "Questionnaire",
         "id": instance_id,
         "meta": {"profile": [QUESTIONNAIRE_PROFILE]},
-        "extension": [{"url": ADAPTIVE_EXTENSION, "valueUrl": f"{base}/fhir"}],
+        "extension": extensions,
         "url": instance_url(base, instance_id),
         "name": "Edgecut_" + instance_id[:16],
         "title": f"Adaptive questionnaire over edgecut instance {instance_id[:12]}",

@@ -15,10 +15,12 @@ from schemas.api import SelectRequest
 from service.api.context import sessions, tenant
 from service.api.contract import operation
 from service.api.bodies import parse_body
+from service.engine import policy_names
 
 from . import replay
 from .outcomes import FHIR_MEDIA_TYPE, FhirError, error_response
-from .resources import RESPONSE_PROFILE, capability_statement, question_item, questionnaire, result_items
+from .resources import (QUERY_FIELDS, RESPONSE_PROFILE, capability_statement, question_item, questionnaire,
+                        result_items)
 
 bp = Blueprint("fhir", __name__, url_prefix="/fhir")
 bp.register_error_handler(FhirError, error_response)
@@ -46,6 +48,8 @@ def _fhir_body(description: str) -> dict[str, Any]:
             "content": {FHIR_MEDIA_TYPE: {"schema": {"type": "object", "required": ["resourceType"]}}}}
 
 
+QUERY_SCHEMAS = {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
+                 list: {"type": "array", "items": {"type": "string"}}}
 _OUTCOME = _fhir_body("An OperationOutcome saying what was refused and where (FHIRPath expressions); a "
                       "refusal the worker makes before the application sees the request is problem+json")
 
@@ -60,13 +64,41 @@ def metadata() -> Response:
 @bp.get("/Questionnaire/<fhir_id:instance_id>")
 @operation("fhirReadQuestionnaire", FHIR_TAG, "An instance as an SDC adaptive Questionnaire (no items: "
            "$next-question adds them)",
-           parameters=[{"name": "instance_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+           description="Query parameters named after POST /v1/select's fields (policy, max_tests, confidence, "
+                       "exclude_tests, batch_size, …) go into the Questionnaire's urn:edgecut:fhir:step-config "
+                       "extension: what its $next-question replays run.",
+           parameters=[{"name": "instance_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                       *({"name": name, "in": "query", "required": False, "schema": QUERY_SCHEMAS[kind]}
+                         for name, kind in QUERY_FIELDS.items())],
            responses={"200": _fhir_body("A Questionnaire (sdc-questionnaire-adapt)"),
-                      **{str(status): _OUTCOME for status in (401, 404, 429)}})
+                      **{str(status): _OUTCOME for status in (400, 401, 404, 429)}})
 def read_questionnaire(instance_id: str) -> Response:
     if not INSTANCE_ID.match(instance_id):
         raise FhirError(404, "not-found", f"no Questionnaire '{instance_id}': ids are instance ids (64 hex digits)")
-    return fhir_response(questionnaire(base_url(), sessions().instance(instance_id, tenant())))
+    config = _query_config(instance_id)
+    return fhir_response(questionnaire(base_url(), sessions().instance(instance_id, tenant()), config))
+
+
+def _query_config(instance_id: str) -> dict[str, Any]:
+    """The query's /v1/select fields (``?policy=hec&max_tests=8``), checked as /v1/select checks them."""
+    config: dict[str, Any] = {}
+    for name, values in request.args.lists():
+        kind = QUERY_FIELDS.get(name)
+        if kind is None:
+            raise FhirError(400, "value", f"unknown query parameter '{name}'; these set what the questionnaire "
+                            f"runs: {', '.join(QUERY_FIELDS)}")
+        try:
+            config[name] = values if kind is list else kind(values[-1])
+        except ValueError:
+            raise FhirError(400, "value", f"{name} must be {kind.__name__}, got {values[-1]!r}") from None
+    if "policy" in config and config["policy"] not in policy_names():
+        raise FhirError(400, "value", f"no policy '{config['policy']}': {', '.join(policy_names())}")
+    try:
+        SelectRequest.model_validate({**config, "instance_id": instance_id})
+    except ValidationError as error:
+        shown = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in error.errors(include_url=False)[:5])
+        raise FhirError(400, "value", f"not what /v1/select takes: {shown}") from None
+    return config
 
 
 @bp.post("/Questionnaire/$next-question")
