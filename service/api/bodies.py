@@ -77,10 +77,9 @@ def _read_body(served: Request, limit: int) -> bytes:
 def parse_body(model: type[Model], array_parts: tuple[str, ...] = ()) -> Model:
     """The request body as ``model``. ``array_parts``: the top-level array fields a
     ``multipart/form-data`` body may carry as ``.npy`` parts (none: JSON only)."""
-    served = request._get_current_object()  # through the proxies once each
+    served = request
     settings = services().settings
-    # The exact common value spares werkzeug's parse of the header (parameters, case).
-    if served.environ.get("CONTENT_TYPE") == JSON_MEDIA_TYPE or _is_json(served.mimetype):
+    if _is_json(served.mimetype):
         return _validated(_loaded(_read_body(served, settings.max_body_bytes), settings), model, settings)
     boundary = served.mimetype_params.get("boundary") if served.mimetype == MULTIPART_MEDIA_TYPE else None
     if not array_parts or not boundary:

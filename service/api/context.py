@@ -22,12 +22,8 @@ class Services:
     sessions: Sessions
 
 
-# Through each proxy once with _get_current_object(): an attribute read through a werkzeug
-# LocalProxy costs ~8 times as much, and these run several times per request.
-
-
 def services() -> Services:
-    return current_app._get_current_object().extensions[EXTENSION]
+    return current_app.extensions[EXTENSION]
 
 
 def sessions() -> Sessions:
@@ -36,7 +32,7 @@ def sessions() -> Sessions:
 
 def tenant() -> str:
     """The caller's tenant: its API key's (service/api/security.py), else the one public tenant."""
-    return g._get_current_object().get("tenant", DEFAULT_TENANT)
+    return g.get("tenant", DEFAULT_TENANT)
 
 
 def no_content() -> Response:

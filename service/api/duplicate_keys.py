@@ -27,7 +27,7 @@ def refuse_duplicate_keys(raw: bytes, data: Any) -> None:
     if _colons(raw) == orjson.dumps(data).count(b":"):
         return
     # Numbers are never keys: len (a C call answering a cached small int) spares making a float
-    # of each (bench/duplicate_keys.py, row "repeated key": the check 4.4 → 1.8 × an orjson parse).
+    # of each (bench/duplicate_keys.py, rows "repeated key" against "repeated key, floats made").
     repeat = _first_repeat(json.loads(raw, object_pairs_hook=_keep_repeats, parse_float=len, parse_int=len))
     if repeat is not None:
         path, key = repeat

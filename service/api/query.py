@@ -9,10 +9,7 @@ from .errors import InvalidParameter
 
 def flag(name: str) -> bool:
     """A boolean query parameter (``?explain=true``; also 1/yes and false/0/no); else 400."""
-    served = request._get_current_object()  # through the proxy once
-    if not served.query_string:
-        return False  # without parsing the (absent) query string into request.args
-    raw = served.args.get(name)
+    raw = request.args.get(name)
     if raw is None:
         return False
     value = raw.strip().lower()

@@ -49,7 +49,7 @@ def _etag(version: int) -> str:
 
 
 def _if_match() -> Callable[[int], bool] | None:
-    given = request._get_current_object().environ.get("HTTP_IF_MATCH")  # without parsing every header
+    given = request.environ.get("HTTP_IF_MATCH")
     if given is None:
         return None
     if not given.strip():

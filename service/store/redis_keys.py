@@ -22,7 +22,6 @@ tenant's data is simply not found.
 
 from __future__ import annotations
 
-import re
 from urllib.parse import quote
 
 from .base import DEFAULT_TENANT
@@ -58,9 +57,5 @@ class RedisKeys:
 
 
 def _part(text: str) -> str:
-    # Percent-encode so a tenant or id can never open/close a hash tag or fake a separator.
-    # Session ids and most tenants need none (the check is a tenth of quote's cost).
-    return text if _NEEDS_NO_QUOTING.fullmatch(text) else quote(text, safe="-_.~@")
-
-
-_NEEDS_NO_QUOTING = re.compile(r"[A-Za-z0-9_.~@-]*")
+    # Percent-encoded so a tenant or id can never open/close a hash tag or fake a separator.
+    return quote(text, safe="-_.~@")
