@@ -154,7 +154,7 @@ def test_the_step_config_extension_sets_what_select_takes(client):
 
 def test_a_questionnaire_read_with_a_query_carries_it(client):
     instance_id = client.post("/v1/instances", json=worded_triage()).get_json()["instance_id"]
-    read = client.get(f"/fhir/Questionnaire/{instance_id}?policy=ec2&max_tests=2&exclude_tests=cough"
+    read = client.get(f"/fhir/Questionnaire/{instance_id}?_format=json&policy=ec2&max_tests=2&exclude_tests=cough"
                       "&exclude_tests=fever&batch_size=2&confidence=0.99")
     questionnaire = valid(read.get_json())
     assert questionnaire["extension"][1] == {"url": STEP_CONFIG, "extension": [

@@ -83,6 +83,8 @@ def _query_config(instance_id: str) -> dict[str, Any]:
     """The query's /v1/select fields (``?policy=hec&max_tests=8``), checked as /v1/select checks them."""
     config: dict[str, Any] = {}
     for name, values in request.args.lists():
+        if name.startswith("_"):
+            continue  # FHIR's own parameters (_format, _pretty, _summary): JSON is all there is to give
         kind = QUERY_FIELDS.get(name)
         if kind is None:
             raise FhirError(400, "value", f"unknown query parameter '{name}'; these set what the questionnaire "
