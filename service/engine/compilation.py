@@ -47,6 +47,8 @@ def smallest_uint_dtype(max_value: int) -> np.dtype:
     return np.dtype(np.uint64)
 
 
+# Over 60 lines: one pass of steps that each reorder or replace the same eight arrays in turn;
+# cut further, each piece would take and give back all of them.
 def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS, max_bytes: int = DEFAULT_MAX_BYTES,
                      grid_points: int = DEFAULT_GRID_POINTS) -> CompiledInstance:
     """Turn a validated wire instance into arrays (the one place where labels become indices).
@@ -63,71 +65,13 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS, max
     _check_size(n, n_tests, 1, 1, max_cells, max_bytes, "the instance")
 
     decision_labels, acceptable, loss = _decision_arrays(instance)
-    if instance.hypotheses is not None:
-        hyps = instance.hypotheses
-        hypothesis_ids = tuple(h.id for h in hyps)
-        classes = [h.class_ if h.class_ is not None else h.id for h in hyps]
-        raw_prior = [h.prior for h in hyps] if hyps[0].prior is not None else None
-        outcome_labels = _per_hypothesis_outcome_labels(instance)
-        positions = [{label: k for k, label in enumerate(labels)} for labels in outcome_labels]
-        width = max(len(o) for o in outcome_labels)
-        deterministic = not any(h.likelihoods for h in hyps)
-        if deterministic:
-            matrix = np.array(
-                [[positions[j][h.outcomes[t]] for j, t in enumerate(test_ids)] for h in hyps],
-                dtype=smallest_uint_dtype(width),
-            ).reshape(n, n_tests)
-            likelihood = None
-        else:
-            matrix = None
-            _check_size(n, n_tests, width, 8, max_cells, max_bytes, "the likelihood tensor")
-            likelihood = np.zeros((n, n_tests, width))
-            for i, h in enumerate(hyps):
-                for j, t in enumerate(test_ids):
-                    if h.outcomes and t in h.outcomes:
-                        likelihood[i, j, positions[j][h.outcomes[t]]] = 1.0
-                    else:
-                        for label, p in h.likelihoods[t].items():
-                            likelihood[i, j, positions[j][label]] = p
-    else:
-        hypothesis_ids = tuple(instance.hypothesis_ids or map(str, range(n)))
-        classes = list(instance.classes) if instance.classes is not None else []
-        raw_prior = instance.priors
-        # The arrays validation built (either wire form), in their wire dtype: a uint8 matrix
-        # stays uint8, so a big instance is never widened to int64 on its way in.
-        if instance.matrix is not None:
-            matrix = instance.matrix_array()
-            used = matrix.max(axis=0).astype(np.int64) + 1  # one pass over the cells
-            widest = int(used.max()) - 1
-            unlisted = sum(t.outcomes is None for t in instance.tests)
-            if unlisted * (widest + 1) * LABEL_OVERHEAD_BYTES > max_bytes:
-                raise InstanceTooLarge(f"outcome index {widest} would make {widest + 1} outcome labels per "
-                                       f"test; the limit is {max_bytes} bytes (MAX_COMPILED_BYTES)")
-            matrix = matrix.astype(smallest_uint_dtype(widest), copy=False)
-            likelihood = None
-        else:
-            matrix = None
-            given = instance.likelihood_array()
-            _check_size(n, n_tests, given.shape[2], 8, max_cells, max_bytes, "the likelihood tensor")
-            likelihood = np.array(given, dtype=np.float64)  # a copy: it is normalised in place
-            nonzero = likelihood.reshape(-1, likelihood.shape[2]).any(axis=0)
-            used = np.full(n_tests, int(np.flatnonzero(nonzero).max()) + 1)
-        outcome_labels = [
-            tuple(t.outcomes) if t.outcomes is not None else tuple(str(k) for k in range(int(used[j])))
-            for j, t in enumerate(instance.tests)
-        ]
+    hypothesis_ids, classes, raw_prior, outcome_labels, matrix, likelihood = (
+        _per_hypothesis_arrays(instance, test_ids, max_cells, max_bytes) if instance.hypotheses is not None
+        else _columnar_arrays(instance, max_cells, max_bytes))
 
     prior = np.full(n, 1.0 / n) if raw_prior is None else np.asarray(raw_prior, dtype=np.float64)
     prior = prior / prior.sum()
-    if acceptable is not None:
-        # Section 4's reduction: the class of a hypothesis is its first acceptable decision.
-        first = acceptable.argmax(axis=1)
-        classes = [decision_labels[d] for d in first]
-        class_labels = tuple(decision_labels[d] for d in np.unique(first))  # in decision order
-    else:
-        class_labels = tuple(dict.fromkeys(classes))
-    class_position = {c: i for i, c in enumerate(class_labels)}
-    class_index = np.array([class_position[c] for c in classes], dtype=np.intp)
+    class_labels, class_index = _class_index(classes, decision_labels, acceptable)
     costs = np.array([float(t.cost) for t in instance.tests])
 
     if likelihood is not None:
@@ -169,14 +113,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS, max
         matrix = matrix[order]
     same_rows = None  # rows equal exactly when the hypotheses' likelihood rows are (noise only)
     if matrix is not None and instance.max_flips is None and error_rates.any():
-        width = max(len(o) for o in outcome_labels)
-        _check_size(n, n_tests, width, 8, max_cells, max_bytes, "noise's likelihood tensor")
-        likelihood = _symmetric_noise(matrix, outcome_labels, error_rates)  # built in its final order
-        # Two noisy rows are equal exactly when their stated outcomes agree on every test whose
-        # noise leaves the outcome informative: compare those, not n·N·ℓ floats.
-        widths = np.array([len(o) for o in outcome_labels])
-        informative = (widths > 1) & (1.0 - error_rates != error_rates / np.maximum(widths - 1, 1))
-        same_rows = matrix[:, informative]
+        likelihood, same_rows = _noisy(matrix, outcome_labels, error_rates, max_cells, max_bytes)
         matrix = None
     outcomes = matrix
     if matrix is not None and matrix.dtype != np.uint8:  # uint8 is as small as it gets: no pass over the cells
@@ -203,6 +140,99 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS, max
         check_decision_work(acceptable, n_tests, compiled.max_outcomes, max_cells)
     object.__setattr__(compiled, "warnings", tuple(instance_warnings(compiled, same_rows)))
     return compiled
+
+
+def _class_index(classes: list[str], decision_labels: tuple[str, ...],
+                 acceptable: np.ndarray | None) -> tuple[tuple[str, ...], np.ndarray]:
+    """The class labels (in order of first appearance) and each hypothesis's class index."""
+    if acceptable is not None:
+        # Section 4's reduction: the class of a hypothesis is its first acceptable decision.
+        first = acceptable.argmax(axis=1)
+        classes = [decision_labels[d] for d in first]
+        class_labels = tuple(decision_labels[d] for d in np.unique(first))  # in decision order
+    else:
+        class_labels = tuple(dict.fromkeys(classes))
+    class_position = {c: i for i, c in enumerate(class_labels)}
+    return class_labels, np.array([class_position[c] for c in classes], dtype=np.intp)
+
+
+def _noisy(matrix: np.ndarray, outcome_labels, error_rates: np.ndarray, max_cells: int,
+           max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The likelihood tensor symmetric noise makes of ``matrix`` (built in the matrix's row
+    order), and the columns that tell its rows apart."""
+    n, n_tests = matrix.shape
+    width = max(len(o) for o in outcome_labels)
+    _check_size(n, n_tests, width, 8, max_cells, max_bytes, "noise's likelihood tensor")
+    likelihood = _symmetric_noise(matrix, outcome_labels, error_rates)
+    # Two noisy rows are equal exactly when their stated outcomes agree on every test whose
+    # noise leaves the outcome informative: compare those, not n·N·ℓ floats.
+    widths = np.array([len(o) for o in outcome_labels])
+    informative = (widths > 1) & (1.0 - error_rates != error_rates / np.maximum(widths - 1, 1))
+    return likelihood, matrix[:, informative]
+
+
+def _per_hypothesis_arrays(instance: Instance, test_ids: tuple[str, ...], max_cells: int, max_bytes: int):
+    """The per-hypothesis form's ids, classes, prior (None: uniform), outcome labels, and its
+    outcome matrix or likelihood tensor (test-major: n × N × ℓ)."""
+    n, n_tests = instance.n_hypotheses, len(test_ids)
+    hyps = instance.hypotheses
+    hypothesis_ids = tuple(h.id for h in hyps)
+    classes = [h.class_ if h.class_ is not None else h.id for h in hyps]
+    raw_prior = [h.prior for h in hyps] if hyps[0].prior is not None else None
+    outcome_labels = _per_hypothesis_outcome_labels(instance)
+    positions = [{label: k for k, label in enumerate(labels)} for labels in outcome_labels]
+    width = max(len(o) for o in outcome_labels)
+    deterministic = not any(h.likelihoods for h in hyps)
+    if deterministic:
+        matrix = np.array(
+            [[positions[j][h.outcomes[t]] for j, t in enumerate(test_ids)] for h in hyps],
+            dtype=smallest_uint_dtype(width),
+        ).reshape(n, n_tests)
+        likelihood = None
+    else:
+        matrix = None
+        _check_size(n, n_tests, width, 8, max_cells, max_bytes, "the likelihood tensor")
+        likelihood = np.zeros((n, n_tests, width))
+        for i, h in enumerate(hyps):
+            for j, t in enumerate(test_ids):
+                if h.outcomes and t in h.outcomes:
+                    likelihood[i, j, positions[j][h.outcomes[t]]] = 1.0
+                else:
+                    for label, p in h.likelihoods[t].items():
+                        likelihood[i, j, positions[j][label]] = p
+    return hypothesis_ids, classes, raw_prior, outcome_labels, matrix, likelihood
+
+
+def _columnar_arrays(instance: Instance, max_cells: int, max_bytes: int):
+    """As :func:`_per_hypothesis_arrays`, for the columnar forms (matrix or likelihood tensor)."""
+    n, n_tests = instance.n_hypotheses, len(instance.tests)
+    hypothesis_ids = tuple(instance.hypothesis_ids or map(str, range(n)))
+    classes = list(instance.classes) if instance.classes is not None else []
+    raw_prior = instance.priors
+    # The arrays validation built (either wire form), in their wire dtype: a uint8 matrix
+    # stays uint8, so a big instance is never widened to int64 on its way in.
+    if instance.matrix is not None:
+        matrix = instance.matrix_array()
+        used = matrix.max(axis=0).astype(np.int64) + 1  # one pass over the cells
+        widest = int(used.max()) - 1
+        unlisted = sum(t.outcomes is None for t in instance.tests)
+        if unlisted * (widest + 1) * LABEL_OVERHEAD_BYTES > max_bytes:
+            raise InstanceTooLarge(f"outcome index {widest} would make {widest + 1} outcome labels per "
+                                   f"test; the limit is {max_bytes} bytes (MAX_COMPILED_BYTES)")
+        matrix = matrix.astype(smallest_uint_dtype(widest), copy=False)
+        likelihood = None
+    else:
+        matrix = None
+        given = instance.likelihood_array()
+        _check_size(n, n_tests, given.shape[2], 8, max_cells, max_bytes, "the likelihood tensor")
+        likelihood = np.array(given, dtype=np.float64)  # a copy: it is normalised in place
+        nonzero = likelihood.reshape(-1, likelihood.shape[2]).any(axis=0)
+        used = np.full(n_tests, int(np.flatnonzero(nonzero).max()) + 1)
+    outcome_labels = [
+        tuple(t.outcomes) if t.outcomes is not None else tuple(str(k) for k in range(int(used[j])))
+        for j, t in enumerate(instance.tests)
+    ]
+    return hypothesis_ids, classes, raw_prior, outcome_labels, matrix, likelihood
 
 
 def display_text(instance: Instance, outcome_labels) -> dict:

@@ -129,12 +129,9 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     reached = _rule_reached(belief, policy, rules)
     if reached is not None:
         return stop(reached)
-    answered = len(belief.answers)
     unrun = ~belief.run_tests
     open_tests = unrun if inst.repeatable is None else unrun | inst.repeatable_tests
-    available = open_tests if answered == len(belief.observations) else open_tests & ~belief.skipped_tests
-    if excluded is not None:
-        available = available & ~excluded
+    available = _available(belief, open_tests, excluded)
     # One pass over the alive cells computes what the policy reads (and, on deterministic
     # instances, what the indistinguishability check reads: Δ_EC needs Σ_i a²).
     class_edges = inst.kind == "deterministic" and not policy.decision
@@ -169,6 +166,12 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     if batch_size > 1:
         batch = greedy_batch(belief, policy, rules, stats, chosen, eligible, batch_size)
     return Decision(belief, chosen, None, scores, batch)
+
+
+def _available(belief: Belief, open_tests: np.ndarray, excluded: np.ndarray | None) -> np.ndarray:
+    """The open tests neither skipped nor ``excluded``."""
+    available = open_tests if len(belief.answers) == len(belief.observations) else open_tests & ~belief.skipped_tests
+    return available if excluded is None else available & ~excluded
 
 
 def _check_rules_apply(inst, rules: StopRules) -> None:
