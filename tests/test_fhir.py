@@ -136,6 +136,21 @@ def configured(response: dict, **parts) -> dict:
     return response
 
 
+def test_an_object_field_is_given_as_parts_of_its_own(client):
+    instance_id, response = begin(client, worded_triage())
+    response = copy.deepcopy(response)
+    response["contained"][0]["extension"].append({"url": STEP_CONFIG, "extension": [
+        {"url": "policy", "valueString": "ec2"}, {"url": "seed", "valueInteger": 3},
+        {"url": "exposure", "extension": [{"url": "method", "valueCode": "randomesque"},
+                                          {"url": "k", "valueInteger": 3}]}]})
+    page = valid(post(client, response).get_json())
+    reference = client.post("/v1/select", json={"instance_id": instance_id, "policy": "ec2", "seed": 3,
+                                                "exposure": {"method": "randomesque", "k": 3}}).get_json()
+    assert last_question(page)["linkId"] == reference["next_test"]["id"]
+    response["contained"][0]["extension"][-1]["extension"][2]["extension"][1]["valueInteger"] = 0
+    assert post(client, response).status_code == 422
+
+
 def test_the_step_config_extension_sets_what_select_takes(client):
     instance_id, response = begin(client, worded_triage())
     config = {"policy": "ec2", "max_tests": 2, "exclude_tests": ["cough", "fever"], "batch_size": 2}

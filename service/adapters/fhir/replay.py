@@ -129,20 +129,33 @@ def step_config(posted: Posted) -> tuple[dict[str, Any], str | None]:
     here = f"{q_where}.extension[{found[0]}]"
     if len(found) > 1:
         raise FhirError(400, "structure", f"give one {STEP_CONFIG} extension", here)
-    config: dict[str, Any] = {}
-    for i, part in enumerate(_list(extensions[found[0]], "extension", here)):
+    config = _parts(extensions[found[0]], here)
+    for name in ("instance", "instance_id", "observations"):
+        if name in config:
+            raise FhirError(400, "structure", f"'{name}' is the questionnaire's own", here)
+    return config, here
+
+
+def _parts(extension: dict[str, Any], here: str, depth: int = 0) -> dict[str, Any]:
+    """A complex extension's parts as fields: each names one in 'url' and has one value[x], or
+    parts of its own (an object such as ``exposure``: {method, k})."""
+    fields: dict[str, Any] = {}
+    for i, part in enumerate(_list(extension, "extension", here)):
+        at = f"{here}.extension[{i}]"
         name = part.get("url") if isinstance(part, dict) else None
         values = [part[key] for key in CONFIG_VALUES if key in part] if isinstance(part, dict) else []
-        if not isinstance(name, str) or len(values) != 1 or name in ("instance", "instance_id", "observations"):
+        if isinstance(name, str) and not values and "extension" in part and depth == 0:
+            values = [_parts(part, at, depth + 1)]
+        if not isinstance(name, str) or len(values) != 1:
             raise FhirError(400, "structure", "each part names a /v1/select field in 'url' with one value[x] "
-                            "(string, code, integer, decimal or boolean)", f"{here}.extension[{i}]")
+                            "(string, code, integer, decimal or boolean) or parts of its own", at)
         if name in LISTED:
-            config.setdefault(name, []).append(values[0])
-        elif name in config:
-            raise FhirError(400, "structure", f"'{name}' is given twice", f"{here}.extension[{i}]")
+            fields.setdefault(name, []).append(values[0])
+        elif name in fields:
+            raise FhirError(400, "structure", f"'{name}' is given twice", at)
         else:
-            config[name] = values[0]
-    return config, here
+            fields[name] = values[0]
+    return fields
 
 
 def _answers(posted: Posted, compiled: engine.CompiledInstance, asked: dict[str, str]) -> dict[str, str]:

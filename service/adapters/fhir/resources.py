@@ -68,12 +68,12 @@ def test_of_link(compiled: engine.CompiledInstance, link: str) -> str | None:
     return repeated.group(1) if repeated and repeated.group(1) in compiled.test_index else None
 
 
-def step_config_extension(config: dict[str, Any]) -> dict[str, Any]:
-    """The step-config extension (STEP_CONFIG) holding ``config``'s fields."""
+def step_config_extension(config: dict[str, Any], url: str = STEP_CONFIG) -> dict[str, Any]:
+    """The step-config extension (STEP_CONFIG) holding ``config``'s fields (an object's as parts)."""
     kinds = {bool: "valueBoolean", int: "valueInteger", float: "valueDecimal", str: "valueString"}
-    return {"url": STEP_CONFIG, "extension": [
-        {"url": name, kinds[type(value)]: value} for name, given in config.items()
-        for value in (given if isinstance(given, list) else [given])]}
+    return {"url": url, "extension": [
+        step_config_extension(value, name) if isinstance(value, dict) else {"url": name, kinds[type(value)]: value}
+        for name, given in config.items() for value in (given if isinstance(given, list) else [given])]}
 
 
 def questionnaire(base: str, compiled: engine.CompiledInstance, config: dict[str, Any] | None = None) -> dict[str, Any]:
