@@ -126,10 +126,17 @@ class ObservationCorrection(_Request):
 
 
 class Exposure(_Request):
-    """Exposure control: ``randomesque`` draws the next test uniformly among the ``k`` best."""
+    """Exposure control: ``randomesque`` draws the next test uniformly among the ``k`` best;
+    ``sympson_hetter`` gives a chosen item with its ``exposure_parameter`` in the item bank."""
 
-    method: Literal["randomesque"]
-    k: Annotated[StrictInt, Field(ge=1, le=MAX_RANDOMESQUE_K)]
+    method: Literal["randomesque", "sympson_hetter"]
+    k: Annotated[StrictInt, Field(ge=1, le=MAX_RANDOMESQUE_K)] | None = None
+
+    @model_validator(mode="after")
+    def _k_for_randomesque(self) -> Exposure:
+        if (self.method == "randomesque") != (self.k is not None):
+            raise ValueError("randomesque takes k (how many of the best to draw among); sympson_hetter takes none")
+        return self
 
 
 class StepConfig(_Request):

@@ -46,6 +46,8 @@ class ItemSpec(_Wire):
     # outcome label ("0" … "m").
     text: DisplayText | None = None
     outcome_text: dict[Label, DisplayText] | None = None
+    # Sympson–Hetter: the probability that the item is given when chosen (default 1).
+    exposure_parameter: Number | None = None
 
     @property
     def n_outcomes(self) -> int:
@@ -123,6 +125,9 @@ def _item_problems(items: Sequence[ItemSpec], where: Loc) -> list[Problem]:
             problems.append((at + ("b",), "b (difficulty) must be a finite number"))
         if item.c is not None and not (_finite(item.c) and 0 <= item.c < 1):
             problems.append((at + ("c",), "c (guessing) must be in [0, 1)"))
+        k = item.exposure_parameter
+        if k is not None and not (_finite(k) and 0 < k <= 1):
+            problems.append((at + ("exposure_parameter",), "exposure_parameter (Sympson–Hetter) must be in (0, 1]"))
         if item.thresholds is not None:
             problems += _threshold_problems(item, at + ("thresholds",))
         allowed = [str(k) for k in range(item.n_outcomes)]

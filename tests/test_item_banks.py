@@ -167,6 +167,8 @@ RULES = [
     ("item_bank.prior.weights[1]", lambda b: b.update(prior={"grid": [-1, 0, 1], "weights": [1, -1, 1]})),
     ("item_bank.prior.weights[1]", lambda b: b.update(prior={"grid": [-1, 0, 1], "weights": [1, 1e-12, 1]})),
     ("item_bank.prior.weights", lambda b: b.update(prior={"grid": [-1, 0, 1], "weights": [0, 0, 0]})),
+    ("item_bank.items[0].exposure_parameter", lambda b: b["items"][0].update(exposure_parameter=0)),
+    ("item_bank.items[2].exposure_parameter", lambda b: b["items"][2].update(exposure_parameter=1.5)),
 ]
 
 
@@ -339,8 +341,67 @@ def test_sessions_with_randomesque_differ_from_each_other_and_replay_themselves(
 
 
 @pytest.mark.parametrize("exposure", [{"method": "randomesque", "k": 0}, {"method": "shuffle", "k": 5},
-                                      {"method": "randomesque"}, {"method": "randomesque", "k": 5, "x": 1}])
+                                      {"method": "randomesque"}, {"method": "randomesque", "k": 5, "x": 1},
+                                      {"method": "sympson_hetter", "k": 5}])
 def test_bad_exposure_is_422_at_its_path(client, exposure):
     response = client.post("/v1/sessions", json={"instance": bank_of(5), "exposure": exposure})
     assert response.status_code == 422 and response.mimetype == PROBLEM
     assert all(e["path"].startswith("exposure") for e in response.get_json()["errors"])
+
+
+# --- Exposure control: Sympson–Hetter -------------------------------------------------------
+
+def sympson_hetter_bank(limit=0.3):
+    """bank_of() with its first choice given an exposure parameter of ``limit``."""
+    bank = bank_of()
+    inst = compiled(bank)
+    first = engine.decide(engine.observe(inst, []), engine.resolve_policy(inst, "infogain")).next_test
+    bank["item_bank"]["items"][first]["exposure_parameter"] = limit
+    return bank, inst.test_ids[first]
+
+
+def test_sympson_hetter_gives_a_chosen_item_with_its_exposure_parameter():
+    bank, top = sympson_hetter_bank(0.3)
+    inst = compiled(bank)
+    assert inst.content_hash != compiled(bank_of()).content_hash
+    assert codec.decode(*codec.encode(inst), inst.content_hash).exposure_parameters.tolist() == \
+        inst.exposure_parameters.tolist()
+    policy = engine.resolve_policy(inst, "infogain")
+    belief = engine.observe(inst, [])
+    rules = engine.StopRules(sympson_hetter=True, max_tests=30)
+    firsts = [inst.test_ids[engine.decide(belief, policy, rules, seed=s).next_test] for s in range(1000)]
+    share = firsts.count(top) / 1000
+    assert abs(share - 0.3) < 4 * math.sqrt(0.3 * 0.7 / 1000)
+    # Blocked, the item is never given in that run (the classic rule): not after an answer either.
+    blocked = next(s for s, t in enumerate(firsts) if t != top)
+    observations: list = []
+    for _ in range(10):
+        decision = engine.decide(engine.observe(inst, observations), policy, rules, seed=blocked)
+        assert decision.next_test is not None and inst.test_ids[decision.next_test] != top
+        observations.append((decision.next_test, 1))
+    with pytest.raises(engine.StopRuleNotApplicable):
+        engine.decide(engine.observe(compiled(bank_of()), []), policy, rules)
+
+
+def test_sessions_with_sympson_hetter(client):
+    bank, top = sympson_hetter_bank(0.3)
+    instance_id = client.post("/v1/instances", json=bank).get_json()["instance_id"]
+    exposure = {"method": "sympson_hetter"}
+    states = [client.post("/v1/sessions", json={"instance_id": instance_id, "exposure": exposure}).get_json()
+              for _ in range(60)]
+    share = sum(s["next_test"]["id"] == top for s in states) / 60
+    assert 0.05 < share < 0.6
+    for state in states[:5]:
+        assert client.get(f"/v1/sessions/{state['session_id']}").get_json()["next_test"] == state["next_test"]
+    refused = client.post("/v1/sessions", json={"instance": bank_of(), "exposure": exposure})
+    assert refused.status_code == 422 and refused.mimetype == PROBLEM
+
+
+def test_evaluation_draws_exposure_control_per_examinee():
+    from service.evaluation import evaluate
+
+    inst = compiled(bank_of())
+    plain = evaluate(inst, ["infogain"], engine.StopRules(max_tests=1), samples=300).policies[0]
+    drawn = evaluate(inst, ["infogain"], engine.StopRules(max_tests=1, randomesque=5), samples=300).policies[0]
+    # One item each: without control everyone gets the best; with k = 5 each of five gets about 1/5.
+    assert plain.top_exposure == 1.0 and 0.1 < drawn.top_exposure < 0.35

@@ -72,12 +72,14 @@ def add_stop_rules(parser: argparse.ArgumentParser) -> None:
                         help="item banks: stop once the posterior SD of θ is at most this")
     parser.add_argument("--randomesque", type=int, default=None, metavar="K",
                         help="exposure control: draw each test among the K best (seeded per run)")
+    parser.add_argument("--sympson-hetter", action="store_true",
+                        help="exposure control with the item bank's exposure_parameter (seeded per run)")
 
 
 def stop_rules(args: argparse.Namespace) -> engine.StopRules:
     return engine.StopRules(max_tests=args.max_tests, max_cost=args.max_cost, confidence=args.confidence,
                             max_expected_loss=args.max_expected_loss, max_se=args.max_se,
-                            randomesque=args.randomesque)
+                            randomesque=args.randomesque, sympson_hetter=args.sympson_hetter)
 
 
 def _names(text: str) -> list[str]:

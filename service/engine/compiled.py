@@ -76,8 +76,8 @@ class CompiledInstance:
     # both None when no test has any. The engine never reads them.
     test_text: tuple[str | None, ...] | None = None
     outcome_text: tuple[tuple[str | None, ...], ...] | None = None
-    # Item banks (item_bank.py): each hypothesis's θ, the grid point it stands for.
-    theta: np.ndarray | None = None  # (n,) float64
+    theta: np.ndarray | None = None  # (n,) item banks (item_bank.py): each hypothesis's θ
+    exposure_parameters: np.ndarray | None = None  # (N,) item banks: Sympson–Hetter's P(given | chosen)
 
     @property
     def kind(self) -> str:
@@ -112,9 +112,8 @@ class CompiledInstance:
 
     @cached_property
     def hyperedge_order(self) -> int:
-        """HEC's hyperedge size k = max_h |{d : d acceptable to h}| + 1: then every k surviving
-        hypotheses sharing a decision implies all of them share one (a Helly-type argument,
-        docs/decisions.md)."""
+        """HEC's hyperedge size k = max_h |{d : d acceptable to h}| + 1: then every k survivors sharing
+        a decision implies all of them share one (a Helly-type argument, docs/decisions.md)."""
         return int(self.acceptable.sum(axis=1).max()) + 1
 
     @cached_property
@@ -316,7 +315,7 @@ class CompiledInstance:
     @cached_property
     def nbytes(self) -> int:
         arrays = (self.costs, self.class_index, self.prior, self.outcomes, self.likelihood,
-                  self.acceptable, self.loss, self.theta)
+                  self.acceptable, self.loss, self.theta, self.exposure_parameters)
         return sum(a.nbytes for a in arrays if a is not None)
 
     @cached_property
@@ -361,8 +360,9 @@ class CompiledInstance:
             put(b"skip_cost=charged")
         if self.test_text is not None:  # what a client shows is part of what was posted
             put(b"text" + json.dumps([self.test_text, self.outcome_text], ensure_ascii=False).encode())
-        if self.theta is not None:
-            put(b"theta" + self.theta.astype("<f8").tobytes())
+        for name, array in ((b"theta", self.theta), (b"exposure_parameters", self.exposure_parameters)):
+            if array is not None:
+                put(name + array.astype("<f8").tobytes())
         return digest.hexdigest()
 
 

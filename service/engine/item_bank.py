@@ -109,7 +109,21 @@ def with_theta(compiled: CompiledInstance, theta_of: dict[str, float], bank: Ite
                      "apart, or more ITEM_BANK_GRID_POINTS" for label in empty]
     theta = np.array([theta_of[h] for h in compiled.hypothesis_ids])
     theta.setflags(write=False)
-    return dataclasses.replace(compiled, theta=theta, warnings=tuple(warnings))
+    exposure = None
+    if any(item.exposure_parameter is not None for item in bank.items):
+        exposure = np.array([1.0 if item.exposure_parameter is None else float(item.exposure_parameter)
+                             for item in bank.items])
+        exposure.setflags(write=False)
+    return dataclasses.replace(compiled, theta=theta, exposure_parameters=exposure, warnings=tuple(warnings))
+
+
+def sympson_hetter_blocked(inst: CompiledInstance, seed: int) -> np.ndarray:
+    """(N,) bool: the items Sympson–Hetter keeps from this run. Each item gets one coin per run,
+    keyed by (seed, 2): the first time it is the best choice it is given with probability K_j and
+    otherwise never again, the classic rule's distribution, reproducible from the seed alone."""
+    if inst.exposure_parameters is None:
+        return np.zeros(inst.n_tests, dtype=bool)
+    return np.random.default_rng([seed, 2]).uniform(size=inst.n_tests) >= inst.exposure_parameters
 
 
 def theta_estimate(belief: Belief) -> tuple[float, float]:

@@ -11,7 +11,7 @@ import numpy as np
 from .belief import Belief, Observation, OutcomeStats, observe
 from .compiled import CompiledInstance
 from .errors import InfeasibleComputation, StopRuleNotApplicable
-from .item_bank import theta_estimate
+from .item_bank import sympson_hetter_blocked, theta_estimate
 from .policies import EDGE_CUTTING_STATISTICS, Policy, edge_cutting_gain, resolve_policy
 from .regions import decided_by_all, decision_posterior, expected_loss
 
@@ -68,6 +68,8 @@ class StopRules(NamedTuple):
     # (sessions, their cached steps, evaluation, auto): draw the test uniformly among the k best
     # (randomesque), seeded by (seed, step).
     randomesque: int | None = None
+    # Sympson–Hetter with the item bank's exposure parameters (item_bank.py), seeded by seed.
+    sympson_hetter: bool = False
 
     def effective_confidence(self, inst: CompiledInstance) -> float | None:
         if self.confidence is not None:
@@ -132,6 +134,8 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     unrun = ~belief.run_tests
     open_tests = unrun if inst.repeatable is None else unrun | inst.repeatable_tests
     available = _available(belief, open_tests, excluded)
+    if rules.sympson_hetter:
+        available = available & ~sympson_hetter_blocked(inst, seed)
     # One pass over the alive cells computes what the policy reads (and, on deterministic
     # instances, what the indistinguishability check reads: Δ_EC needs Σ_i a²).
     class_edges = inst.kind == "deterministic" and not policy.decision
@@ -179,6 +183,8 @@ def _check_rules_apply(inst, rules: StopRules) -> None:
         raise StopRuleNotApplicable("max_expected_loss needs a decision instance with losses ('loss' or 'loss_matrix')")
     if rules.max_se is not None and inst.theta is None:
         raise StopRuleNotApplicable("max_se needs an item-bank instance ('item_bank'): others have no θ")
+    if rules.sympson_hetter and inst.exposure_parameters is None:
+        raise StopRuleNotApplicable("sympson_hetter needs an item bank whose items give exposure_parameter")
 
 
 def _shown_scores(belief: Belief, policy: Policy, per_cost: np.ndarray, eligible: np.ndarray) -> np.ndarray:

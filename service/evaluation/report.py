@@ -351,7 +351,9 @@ def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEv
     for i, h in enumerate(truths.tolist()):
         # One generator per sample, keyed by (seed, sample): a policy's result does not depend on
         # which other policies are evaluated, or in which order.
-        run = run_policy(inst, h, policy, rules, seed, rng=np.random.default_rng([seed, i]), check=check)
+        # Exposure control draws per examinee, so each run has its own seed for it.
+        run_seed = (seed << 32) + i if rules.randomesque is not None or rules.sympson_hetter else seed
+        run = run_policy(inst, h, policy, rules, run_seed, rng=np.random.default_rng([seed, i]), check=check)
         cost[i] = run.cost
         tests[i] = len(run.observations)
         reasons.append(run.stop_reason.value)

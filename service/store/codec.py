@@ -127,8 +127,9 @@ def _header(instance: CompiledInstance, parts: list[tuple[str, str, list[int], n
         header["skip_cost"] = "charged"
     if instance.test_text is not None:
         header["test_text"], header["outcome_text"] = instance.test_text, instance.outcome_text
-    if instance.theta is not None:  # an item bank's grid: a few dozen numbers, exact in JSON
-        header["theta"] = instance.theta.tolist()
+    for name in ("theta", "exposure_parameters"):  # an item bank's: a few numbers, exact in JSON
+        if getattr(instance, name) is not None:
+            header[name] = getattr(instance, name).tolist()
     return header
 
 
@@ -153,6 +154,7 @@ class _Header(NamedTuple):
     test_text: tuple | None
     outcome_text: tuple | None
     theta: list | None
+    exposure_parameters: list | None
 
 
 def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -> CompiledInstance:
@@ -203,7 +205,8 @@ def _fields(header: dict) -> _Header:
             warnings=_labels(header["warnings"]),
             decision_labels=_labels(header["decision_labels"]) if "decision_labels" in header else (),
             repeatable=header.get("repeatable", []), skip_cost=header.get("skip_cost", "free"),
-            test_text=test_text, outcome_text=outcome_text, theta=header.get("theta"))
+            test_text=test_text, outcome_text=outcome_text, theta=header.get("theta"),
+            exposure_parameters=header.get("exposure_parameters"))
     except (KeyError, TypeError) as exc:
         raise CorruptInstance(f"instance header lacks or mistypes a field: {exc}") from None
 
@@ -290,12 +293,8 @@ def _instance(fields: _Header, arrays: dict[str, np.ndarray]) -> CompiledInstanc
         raise CorruptInstance("instance header's repeatable tests are not test indices")
     if fields.skip_cost not in ("free", "charged"):
         raise CorruptInstance(f"unknown skip_cost {fields.skip_cost!r}")
-    theta = fields.theta
-    if theta is not None:
-        if not isinstance(theta, list) or len(theta) != n or not all(type(x) is float for x in theta):
-            raise CorruptInstance("instance header's theta is not one number per hypothesis")
-        theta = np.array(theta)
-        theta.setflags(write=False)
+    theta, exposure = (_numbers(given, size, name) for given, size, name in (
+        (fields.theta, n, "theta"), (fields.exposure_parameters, n_tests, "exposure_parameters")))
     repeatable = None
     if fields.repeatable:
         repeatable = np.zeros(n_tests, dtype=bool)
@@ -321,7 +320,19 @@ def _instance(fields: _Header, arrays: dict[str, np.ndarray]) -> CompiledInstanc
         test_text=fields.test_text,
         outcome_text=fields.outcome_text,
         theta=theta,
+        exposure_parameters=exposure,
     )
+
+
+def _numbers(given, size: int, name: str) -> np.ndarray | None:
+    """An optional header list of ``size`` floats as a read-only array."""
+    if given is None:
+        return None
+    if not isinstance(given, list) or len(given) != size or not all(type(x) is float for x in given):
+        raise CorruptInstance(f"instance header's {name} is not {size} numbers")
+    array = np.array(given)
+    array.setflags(write=False)
+    return array
 
 
 def _display_text(header: dict, outcome_labels: tuple[tuple[str, ...], ...]):

@@ -11,9 +11,9 @@ from .base import CorruptRecord, SessionRecord
 
 _RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost", "confidence", "seed",
                   "observations", "version", "created_at", "tenant", "max_expected_loss", "exclude_tests",
-                  "batch_size", "max_se", "randomesque")
+                  "batch_size", "max_se", "randomesque", "sympson_hetter")
 # Written only when set, so records without them encode as they always did.
-_SPARSE_FIELDS = {"max_se", "randomesque"}
+_SPARSE_FIELDS = {"max_se", "randomesque", "sympson_hetter"}
 
 
 def encode_record(record: SessionRecord) -> bytes:
@@ -30,9 +30,10 @@ _RECORD_TYPES = {"session_id": _TEXT, "instance_id": _TEXT, "policy": _TEXT, "ma
                  "max_cost": _NUMBER, "confidence": _NUMBER, "seed": _COUNT, "observations": (list,),
                  "version": _COUNT, "created_at": _NUMBER, "tenant": _TEXT, "max_expected_loss": _NUMBER,
                  "exclude_tests": (list,), "batch_size": _COUNT, "max_se": _NUMBER,
-                 "randomesque": _COUNT}
+                 "randomesque": _COUNT, "sympson_hetter": (bool,)}
 # May be null, or absent from records written before the field existed.
-_OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence", "max_expected_loss", "max_se", "randomesque"}
+_OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence", "max_expected_loss", "max_se", "randomesque",
+                    "sympson_hetter"}
 # Absent from records written before the field existed: read as these.
 _FIELD_DEFAULTS = {"exclude_tests": [], "batch_size": 1}
 
@@ -52,7 +53,7 @@ def decode_record(raw: bytes, expires_at: float) -> SessionRecord:
         if value is None and name in _OPTIONAL_FIELDS:
             decoded[name] = None
             continue
-        if isinstance(value, bool) or not isinstance(value, _RECORD_TYPES[name]):
+        if (isinstance(value, bool) and bool not in _RECORD_TYPES[name]) or not isinstance(value, _RECORD_TYPES[name]):
             raise CorruptRecord(f"session record field {name!r} is missing or mistyped")
         decoded[name] = value
     observations = decoded["observations"]
