@@ -2,6 +2,7 @@
 
     python3 -m bench.fhir                     # depths 0, 2, 4 answers; 7 rounds of 300 calls
     python3 -m bench.fhir --rounds 11 --calls 500
+    python3 -m bench.fhir --redis             # over a fresh redis-server on a free port
 
 In process (the Flask app over the in-memory store, no HTTP), so what is compared is each
 request's own work: both replay the answers through the same path (the step cache answers both
@@ -19,6 +20,7 @@ import copy
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,8 +68,25 @@ def main() -> None:
     parser.add_argument("--depths", default="0,2,4")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--redis", action="store_true", help="the Redis store, not the in-memory one")
     args = parser.parse_args()
-    client = create_app({"redis_url": None, "log_level": "warning"}).test_client()
+    if not args.redis:
+        run(args, None)
+        return
+    from conftest import RedisServer
+
+    with tempfile.TemporaryDirectory() as workdir:
+        server = RedisServer(Path(workdir))
+        server.start()
+        try:
+            run(args, server.url)
+        finally:
+            server.stop()
+
+
+def run(args: argparse.Namespace, redis_url: str | None) -> None:
+    client = create_app({"redis_url": redis_url, "log_level": "warning"}).test_client()
+    print(f"store: {'Redis' if redis_url else 'memory'}")
     print(f"{'answers':>7}  {'/v1/select µs':>13}  {'$next-question µs':>17}  {'ratio':>5}")
     worst = 0.0
     for depth in map(int, args.depths.split(",")):
