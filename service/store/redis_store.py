@@ -107,8 +107,8 @@ class RedisStore(RedisKeys, SessionStore):
         self._session_ttl_ms = int(session_ttl * 1000)
         # A session's quota entry counts it until it expires and up to this long after: then a
         # write (each observation) needs to slide the entry, another slot's key, only when this
-        # process has not for half the slack, not in every round trip (that pipeline cost ~6% of
-        # an observation's CPU in process). Reads slide it every time, in their own pipeline.
+        # process has not for half the slack, not in every round trip (bench/redis_store.py, row
+        # "quota slid every write": 1.6 × a session write's CPU). Reads slide it every time.
         self._quota_slack = min(60.0, session_ttl / 10)
         self._session_quota_ms = self._session_ttl_ms + int(self._quota_slack * 1000)
         self._instance_ttl_ms = int(self.instance_ttl * 1000)
