@@ -133,9 +133,7 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
         return stop(reached)
     unrun = ~belief.run_tests
     open_tests = unrun if inst.repeatable is None else unrun | inst.repeatable_tests
-    available = _available(belief, open_tests, excluded)
-    if rules.sympson_hetter:
-        available = available & ~sympson_hetter_blocked(inst, seed)
+    available = _available(belief, open_tests, excluded, rules, seed)
     # One pass over the alive cells computes what the policy reads (and, on deterministic
     # instances, what the indistinguishability check reads: Δ_EC needs Σ_i a²).
     class_edges = inst.kind == "deterministic" and not policy.decision
@@ -172,10 +170,15 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     return Decision(belief, chosen, None, scores, batch)
 
 
-def _available(belief: Belief, open_tests: np.ndarray, excluded: np.ndarray | None) -> np.ndarray:
-    """The open tests neither skipped nor ``excluded``."""
+def _available(belief: Belief, open_tests: np.ndarray, excluded: np.ndarray | None, rules: StopRules,
+               seed: int) -> np.ndarray:
+    """The open tests neither skipped, nor ``excluded``, nor held back by exposure control."""
     available = open_tests if len(belief.answers) == len(belief.observations) else open_tests & ~belief.skipped_tests
-    return available if excluded is None else available & ~excluded
+    if excluded is not None:
+        available = available & ~excluded
+    if rules.sympson_hetter:
+        available = available & ~sympson_hetter_blocked(belief.instance, seed)
+    return available
 
 
 def _check_rules_apply(inst, rules: StopRules) -> None:
