@@ -26,7 +26,17 @@ Kinds (``--kinds http`` or ``engine`` or ``all``):
 * engine: ``max_flips: 1000000``, noise on an instance with 256 outcome labels (n = 1000,
   N = 250), ``evaluate`` on a 1 000-hypothesis chain, the tree of a 1 000-hypothesis chain,
   priors whose sum overflows. These are refused by the engine's limits (docs/reliability.md,
-  "Limits and quotas"); without them they hold a worker for seconds to minutes.
+  "Limits and quotas"); without them they hold a worker for seconds to minutes;
+* heavy: the largest instance body of each form the default limits accept (bench/heavy_bodies.py:
+  per-hypothesis, nested lists, compact base64, binary ``.npy``, likelihoods, noisy copies,
+  decisions), posted by another tenant than the ordinary stream's.
+
+``--heavy`` measures what each of those bodies costs a worker instead, alone: one worker, each
+form at its largest accepted size and one row past it, ``--rounds`` (3) times each with new
+content, one request at a time. Per request: the status, the worker's peak resident memory
+(``VmHWM`` from /proc, reset before each request through ``clear_refs``) and the CPU seconds
+of the worker process (utime + stime from /proc/<pid>/stat); medians over the rounds. Then the
+worker's resident memory at boot and once idle after them all.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import argparse
 import http.client
 import itertools
 import json
+import os
 import socket
 import statistics
 import tempfile
@@ -48,11 +59,16 @@ import uuid
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
 from conftest import RedisServer  # noqa: E402  (the test suite's redis-server launcher)
 from live_server import LiveServer  # noqa: E402
 
+import heavy_bodies  # noqa: E402  (bench/, beside this file)
+from service.settings import Settings  # noqa: E402
+
 KEY = "bench-key-0123456789abcdefghij"
+OTHER_TENANT_KEY = "heavy-key-0123456789abcdefghij"  # the heavy bodies come from another tenant
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 HOSTILE_ADDRESS = "127.0.0.2"
 KEY_GUESSER_ADDRESS = "127.0.0.3"  # throttled for its wrong keys; the other hostile kinds are not
@@ -162,10 +178,13 @@ def wrong_keys(port: int) -> str:
 
 
 def _post_json(port: int, path: str, body: dict, timeout: float = 120.0) -> str:
+    return _post(port, path, "application/json", json.dumps(body).encode(), timeout)
+
+
+def _post(port: int, path: str, content_type: str, data: bytes, timeout: float = 120.0, key: str = KEY) -> str:
     with _connect(port, timeout) as sock:
-        data = json.dumps(body).encode()
-        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n")
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n")
         try:
             sock.sendall(head.encode() + data)
         except OSError:
@@ -215,6 +234,79 @@ def engine_kinds(chain_id: str) -> dict:
             "evaluate a 1000-chain": lambda port: evaluate_chain(port, chain_id),
             "tree of a 1000-chain": lambda port: tree_of_chain(port, chain_id),
             "priors summing past 1e308": overflowing_priors}
+
+
+def heavy_kinds() -> dict:
+    """The largest accepted body of each form, built once, posted again and again."""
+    kinds = {}
+    for name, build, args, rows, _ in heavy_bodies.forms(Settings()):
+        content_type, body = build(rows, *args, "h" * heavy_bodies.TAG_LENGTH)
+        kinds[f"heavy: {name}"] = (lambda port, c=content_type, b=body:
+                                   _post(port, "/v1/instances", c, b, timeout=300, key=OTHER_TENANT_KEY))
+    return kinds
+
+
+# --- one worker, one heavy request at a time: its peak memory and CPU -----------------------------
+
+
+def _proc_status(pid: int) -> dict[str, int]:
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(("VmHWM:", "VmRSS:")):
+                fields[line.split(":")[0]] = int(line.split()[1]) * 1024
+    return fields
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def measure_heavy(rounds: int) -> dict:
+    """Each form's largest accepted body and one row more, alone on one worker (8 threads)."""
+    from service.worker import IDLE_CHECK_INTERVAL
+
+    settings = Settings()
+    redis_server = RedisServer(Path(tempfile.mkdtemp(prefix="edgecut-heavy-")))
+    redis_server.start()
+    server = LiveServer({"REDIS_URL": redis_server.url, "KEY_PREFIX": f"heavy-{uuid.uuid4().hex[:8]}",
+                         "API_KEYS": f"bench:{KEY}"}, workers=1, threads=8)
+    server.start()
+    rows_out = []
+    try:
+        pid = server.worker_pids()[0]
+        boot = _proc_status(pid)["VmRSS"]
+        for name, build, args, rows, binding in heavy_bodies.forms(settings):
+            for size, label in ((rows, "largest accepted"), (rows + 1, f"one row past {binding}")):
+                peaks, cpus, statuses, length = [], [], set(), 0
+                for attempt in range(rounds):
+                    tag = f"r{attempt}{uuid.uuid4().hex}"[:heavy_bodies.TAG_LENGTH]
+                    content_type, body = build(size, *args, tag)
+                    length = len(body)
+                    with open(f"/proc/{pid}/clear_refs", "w") as clear:
+                        clear.write("5")  # resets VmHWM to the current resident size
+                    before = _cpu_seconds(pid)
+                    statuses.add(_post(server.port, "/v1/instances", content_type, body, timeout=300))
+                    cpus.append(_cpu_seconds(pid) - before)
+                    peaks.append(_proc_status(pid)["VmHWM"])
+                    del body
+                row = {"form": name, "rows": size, "body": label, "body_mib": round(length / 2**20, 1),
+                       "statuses": sorted(statuses), "peak_rss_mb": round(statistics.median(peaks) / 1e6),
+                       "max_peak_rss_mb": round(max(peaks) / 1e6), "cpu_s": round(statistics.median(cpus), 2),
+                       "max_cpu_s": round(max(cpus), 2)}
+                rows_out.append(row)
+                print(json.dumps(row), flush=True)
+        time.sleep(IDLE_CHECK_INTERVAL + 0.2)  # the idle check runs when a request ends, once per interval
+        _get(server.port, "/healthz")
+        time.sleep(0.5)
+        idle = _proc_status(pid)["VmRSS"]
+    finally:
+        server.stop()
+        redis_server.stop()
+    return {"boot_rss_mb": round(boot / 1e6), "idle_rss_mb_after": round(idle / 1e6), "rounds": rounds,
+            "requests": rows_out}
 
 
 # --- the ordinary stream ------------------------------------------------------------------------
@@ -298,7 +390,10 @@ def hostile_clients(port: int, kinds: dict, clients: int, stop: threading.Event)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of each phase (default 30)")
-    parser.add_argument("--kinds", choices=["http", "engine", "all"], default="all")
+    parser.add_argument("--kinds", choices=["http", "engine", "heavy", "all"], default="all")
+    parser.add_argument("--heavy", action="store_true",
+                        help="measure each heavy body's peak memory and CPU alone instead (one worker)")
+    parser.add_argument("--rounds", type=int, default=3, help="--heavy: requests per body (default 3)")
     parser.add_argument("--hostile", type=int, default=8, help="hostile clients at once (default 8)")
     parser.add_argument("--users", type=int, default=4, help="ordinary users (default 4)")
     parser.add_argument("--think-ms", type=float, default=20.0, help="pause between observations (default 20)")
@@ -306,11 +401,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="gunicorn worker class (gthread: as before requests were buffered)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
+    if args.heavy:
+        return heavy_report(measure_heavy(args.rounds), args.json)
 
     redis_server = RedisServer(Path(tempfile.mkdtemp(prefix="edgecut-hostile-")))
     redis_server.start()
     server = LiveServer({"REDIS_URL": redis_server.url, "KEY_PREFIX": f"hostile-{uuid.uuid4().hex[:8]}",
-                         "API_KEYS": f"bench:{KEY}", "REQUEST_READ_TIMEOUT": "10"}, workers=2, threads=8,
+                         "API_KEYS": f"bench:{KEY},heavy:{OTHER_TENANT_KEY}", "REQUEST_READ_TIMEOUT": "10"},
+                        workers=2, threads=8,
                         worker_class=args.worker_class)
     server.start()
     try:
@@ -325,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             kinds.update(HTTP_KINDS)
         if args.kinds in ("engine", "all"):
             kinds.update(engine_kinds(ids["chain"]))
+        if args.kinds in ("heavy", "all"):
+            kinds.update(heavy_kinds())
 
         quiet = Stream(server.port, ids["ladder"], args.users, args.think_ms).measure(args.duration)
         stop = threading.Event()
@@ -345,6 +445,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"edgecut bench: under {args.hostile} hostile clients ({args.kinds}) the observation p99 is "
           f"{loaded['p99_ms']} ms (quiet: {quiet['p99_ms']} ms), {loaded['errors']} errors: "
           f"{'within' if ok else 'OVER'} the 250 ms goal")
+    return 0
+
+
+def heavy_report(figures: dict, json_path: Path | None) -> int:
+    if json_path:
+        json_path.write_text(json.dumps(figures, indent=2))
+    worst_peak = max(row["max_peak_rss_mb"] for row in figures["requests"])
+    worst_cpu = max(row["max_cpu_s"] for row in figures["requests"])
+    over = [row["form"] for row in figures["requests"] if row["max_peak_rss_mb"] >= 1000 or row["max_cpu_s"] >= 5]
+    print(f"edgecut bench: heaviest request peaked at {worst_peak} MB resident and {worst_cpu} s of CPU "
+          f"(goal: below 1000 MB and 5 s{'; OVER: ' + ', '.join(over) if over else ''}); worker "
+          f"{figures['boot_rss_mb']} MB at boot, {figures['idle_rss_mb_after']} MB idle after")
     return 0
 
 

@@ -19,7 +19,7 @@ from service import engine
 from service.store import Quotas, SessionStore, StoreUnavailable, codec, create_store
 from service.store.cache import resident_bytes
 
-from .api import evaluation, health, instances, observability, security, select, sessions
+from .api import evaluation, health, instances, limits, observability, security, select, sessions
 from .api.context import EXTENSION, Services
 from .api.responses import OrjsonProvider
 from .api.problems import register_problems
@@ -60,6 +60,7 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
     register_problems(app, retry_after_seconds=settings.retry_after_seconds)
     observability.install(app, settings)  # first: every later hook's refusal carries the request id
     security.install(app, settings, store)  # API keys, rate limits (kept by the store), CORS
+    limits.install(app, settings)  # one big request per worker at a time
     for blueprint in (instances.bp, sessions.bp, select.bp, health.bp, evaluation.bp):
         app.register_blueprint(blueprint)
     cat.install(app)  # /ims/cat/v1p0: the 1EdTech CAT façade over the same domain

@@ -59,6 +59,19 @@ class Settings(BaseSettings):
     item_bank_grid_points: int = Field(default=61, ge=2, le=2001, description=(
         "θ points an item bank with a normal prior is compiled on, evenly over the prior's mean ± 4 sd; each is "
         "a hypothesis, so steps cost in proportion (docs/item-banks.md)"))
+    big_request_bytes: int = Field(default=1024 * 1024, ge=1024, description=(
+        "a request body at least this big (once inflated) is a big request: a worker serves one at a time and "
+        "answers another that arrives meanwhile 503 `server-busy` with `Retry-After` at once, so what big "
+        "requests allocate never adds up in one worker"))
+    max_hypotheses: int = Field(default=1_000_000, ge=1, description=(
+        "rows of the compiled instance: its hypotheses, or all their noisy copies after `max_flips`; each costs "
+        "its id, prior and class index, ~1.6 µs and ~250 bytes to compile and store (413 `instance-too-large`)"))
+    # The weights (service/api/limits.py) are what each item of a parsed body was measured to hold,
+    # raised where its CPU time is the larger cost, so the estimate bounds both (docs/reliability.md).
+    max_parse_bytes: int = Field(default=384 * 1024 * 1024, ge=1024, description=(
+        "estimated bytes a JSON body's values hold once parsed and validated, counted on its bytes before "
+        "it is parsed: 32 per value (each comma), 128 per object member (each colon), 384 per array, 1 500 per "
+        "object (413 `limit-exceeded`); bounds the nested-list and per-hypothesis forms"))
     log_level: LogLevel = Field(default="INFO", description="`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`")
     log_format: LogFormat = Field(default="json", description=(
         "`json`: one JSON object per line on stderr (time, level, logger, message, request id, method, path, "

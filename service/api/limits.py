@@ -7,12 +7,25 @@ detail, so a client (or an operator reading logs) knows which knob refused it:
 ``MAX_BODY_BYTES``                    werkzeug refuses the body before reading it (413
                                       body-too-large; service/api/problems.py)
 ``MAX_CELLS``                         n·N, refused by compilation (413 instance-too-large)
+``MAX_PARSE_BYTES``                   :func:`check_parse_cost`, on the raw bytes, before parsing
+``BIG_REQUEST_BYTES``                 :func:`hold_big_request`: one big request per worker at a time
+                                      (503 server-busy with Retry-After for another meanwhile)
 ``MAX_JSON_DEPTH``                    :func:`check_depth`, on the raw bytes, before validation
 ``MAX_CLASSES``                       :func:`check_request`
+``MAX_HYPOTHESES``                    :func:`check_request`: rows, noisy copies counted (413
+                                      instance-too-large, as MAX_CELLS)
 ``MAX_OUTCOMES_PER_TEST``             :func:`check_request`: EC²'s α pass costs n·N·ℓ
 ``MAX_LABEL_LENGTH``                  :func:`check_request` (the schema caps labels at 200)
 ``MAX_OBSERVATIONS_PER_REQUEST``      :func:`check_request` (the schema caps lists at 10 000)
 ====================================  =========================================================
+
+Parse cost: a JSON body becomes Python objects (orjson's, then pydantic's copies, then numpy's
+arrays), tens to thousands of bytes per item of the body: unbounded, an 80 MiB per-hypothesis
+body would hold ~2.4 GB and take ~27 s of CPU before it was stored. The items are counted on
+the bytes before orjson runs (one C pass per character: ~0.15 s for 80 MB), each weighted by
+what it was measured to cost; brackets, commas and colons inside strings are counted too, so
+the estimate is an upper bound (no valid body is short-changed by more than its own
+punctuation).
 
 Depth: orjson parses first (Rust, with its own fixed recursion limit of 1024, so no body can
 blow the Python stack there); the depth of the valid JSON is then measured on its bytes, before
@@ -22,15 +35,18 @@ pydantic walks it.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 
 import numpy as np
+from flask import Flask, Response, current_app, g
 from pydantic import BaseModel
 
 from schemas.api import ObservationCorrection, ObservationsRequest, SelectRequest, StepConfig
 from schemas.instance import Instance
 from schemas.item_bank import ItemBank
-from service.errors import LimitExceeded
+from service.engine import InstanceTooLarge, count_noisy_copies
+from service.errors import LimitExceeded, ServiceError
 from service.settings import Settings
 
 # A JSON string: quote, then runs of plain characters or escapes (unrolled: linear time).
@@ -40,6 +56,77 @@ _BRACKET_STEP = np.zeros(256, dtype=np.int8)
 _BRACKET_STEP[list(b"[{")] = 1
 _BRACKET_STEP[list(b"]}")] = -1
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+# Bytes one item of a JSON body holds from its parse to its compiled instance, measured on the
+# heaviest body of each form under gunicorn (bench/hostile.py --heavy, docs/reliability.md), then
+# raised where the item's CPU time is the larger cost (~6 ns per weighted byte, the nested
+# matrix's ratio): a value 31 B and 0.17 µs, an array (a nested row or likelihood cell) ~350 B
+# and 2.1 µs, an object member (a per-hypothesis outcome) ~128 B and 0.6 µs, an object (a
+# hypothesis: its pydantic model, rules and labels) ~570 B and 8.4 µs.
+VALUE_BYTES, MEMBER_BYTES, ARRAY_BYTES, OBJECT_BYTES = 32, 128, 384, 1500
+
+
+def parse_cost(raw: bytes) -> tuple[int, dict[str, int]]:
+    """The bytes ``raw`` is estimated to hold once parsed, and the counts behind the estimate."""
+    counts = {"values": raw.count(b",") + 1, "members": raw.count(b":"), "arrays": raw.count(b"["),
+              "objects": raw.count(b"{")}
+    cost = (VALUE_BYTES * counts["values"] + MEMBER_BYTES * counts["members"] + ARRAY_BYTES * counts["arrays"]
+            + OBJECT_BYTES * counts["objects"])
+    return cost, counts
+
+
+def check_parse_cost(raw: bytes, limit: int) -> None:
+    """Called by parse_body on every JSON body (an instance part of a binary body included)
+    before it is parsed, with MAX_PARSE_BYTES."""
+    if len(raw) * OBJECT_BYTES + VALUE_BYTES <= limit:  # every item is at least a byte
+        return
+    cost, counts = parse_cost(raw)
+    if cost > limit:
+        shown = ", ".join(f"{count} {name}" for name, count in counts.items())
+        raise LimitExceeded("MAX_PARSE_BYTES", limit,
+                            f"the JSON body would hold about {cost} bytes once parsed ({shown}); send big "
+                            f"arrays in the compact base64 form or as a binary body (docs/instances.md)")
+
+
+_BIG_SLOT = "edgecut.big-request"  # app.extensions: the worker's one slot for a big request
+
+
+class WorkerBusy(ServiceError):
+    code = "server-busy"
+
+
+def install(app: Flask, settings: Settings) -> None:
+    """One slot per app (a gunicorn worker serves one app) for a big request, released when the
+    request that holds it ends, however it ends."""
+    app.extensions[_BIG_SLOT] = threading.BoundedSemaphore(1)
+
+    @app.teardown_request
+    def _release(_error: BaseException | None) -> None:
+        if g.pop(_BIG_SLOT, False):
+            app.extensions[_BIG_SLOT].release()
+
+    @app.after_request
+    def _retry_after(response: Response) -> Response:
+        if g.get("big_request_refused"):
+            response.headers["Retry-After"] = str(settings.retry_after_seconds)
+        return response
+
+
+def hold_big_request(size: int, settings: Settings) -> None:
+    """Called by parse_body with the body's size once read (and inflated). The per-request limits
+    bound one request; this keeps a worker's threads from running several big ones at once, whose
+    objects would add up (and whose parsing would share one GIL with every other request)."""
+    if size < settings.big_request_bytes or g.get(_BIG_SLOT):
+        return
+    slot = current_app.extensions.get(_BIG_SLOT)
+    if slot is None:  # an app made without install(): nothing to hold
+        return
+    if not slot.acquire(blocking=False):
+        g.big_request_refused = True
+        raise WorkerBusy(f"this worker is serving another request of at least {settings.big_request_bytes} bytes "
+                         f"(BIG_REQUEST_BYTES); retry after Retry-After seconds")
+    g.setdefault(_BIG_SLOT, True)
 
 
 def _bracket_depth(raw: bytes) -> int:
@@ -167,3 +254,21 @@ def _check_instance(inst: Instance, settings, path: str = "") -> None:
     if most > settings.max_outcomes_per_test:
         raise LimitExceeded("MAX_OUTCOMES_PER_TEST", settings.max_outcomes_per_test,
                             f"test {worst} of the {path}instance has {most} outcomes")
+    _check_rows(inst, settings.max_hypotheses, path, unlisted, matrix)
+
+
+def _check_rows(inst: Instance, limit: int, path: str, unlisted: dict[str, set], matrix: np.ndarray | None) -> None:
+    """The compiled instance's rows, noisy copies counted (as compilation counts them, with
+    each test's outcomes: listed, else seen) before any is built: each costs ~1.6 µs and ~250
+    bytes to compile and store, whatever the size of its row."""
+    n = inst.n_hypotheses
+    copies = 1
+    if inst.max_flips:
+        seen = matrix.max(axis=0) + 1 if matrix is not None and matrix.size else None
+        widths = [len(t.outcomes) if t.outcomes is not None else int(seen[j]) if seen is not None
+                  else len(unlisted.get(t.id, ())) for j, t in enumerate(inst.tests)]
+        copies = count_noisy_copies(np.array(widths), inst.max_flips, cap=limit // max(n, 1))
+    if n * copies > limit:
+        made = f" ({n} hypotheses and at least {copies - 1} noisy copies of each)" if copies > 1 else ""
+        raise InstanceTooLarge(f"the {path}instance compiles to {n * copies} rows{made}; the limit is {limit} "
+                               f"(MAX_HYPOTHESES)")

@@ -107,8 +107,8 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "store-unavailable": (503, "Store unavailable",
                           "Redis does not answer, or is loading, busy or read-only; `Retry-After` says when to retry"),
     "server-busy": (503, "Server busy",
-                    "the worker already buffers `REQUEST_BUFFER_BYTES` of unfinished requests; retry after "
-                    "`Retry-After` seconds"),
+                    "the worker already buffers `REQUEST_BUFFER_BYTES` of unfinished requests, or serves another "
+                    "body of `BIG_REQUEST_BYTES` or more; retry after `Retry-After` seconds"),
     "store-full": (507, "Store full",
                    "Redis is at its `maxmemory`; nothing was written, reads go on; retry after `Retry-After` seconds"),
     "storage-quota-exceeded": (507, "Tenant storage quota exceeded",

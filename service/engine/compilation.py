@@ -28,7 +28,7 @@ def check_decision_work(acceptable: np.ndarray, n_tests: int, width: int, max_ce
     """HEC keeps, per step, k power sums per (test, outcome) for V and for each set of decisions
     some hypothesis accepts: at most Σ_patterns (2^|pattern| − 1) sets. Refuse before building
     them when that many numbers would exceed the cell limit."""
-    patterns = np.unique(acceptable, axis=0)
+    patterns = acceptable[np.unique(_row_keys(acceptable), return_index=True)[1]]
     sizes = patterns.sum(axis=1)
     sets = int(((1 << sizes.astype(np.int64)) - 1).sum())
     numbers = (1 + sets) * (int(sizes.max()) + 1) * n_tests * width
@@ -38,6 +38,12 @@ def check_decision_work(acceptable: np.ndarray, n_tests: int, width: int, max_ce
             f"decisions × {int(sizes.max()) + 1} powers × {n_tests} tests × {width} outcomes); the limit is "
             f"{max_cells} cells (max_cells): fewer overlapping decisions per hypothesis, or fewer tests"
         )
+
+
+def _row_keys(acceptable: np.ndarray) -> np.ndarray:
+    """Each 0/1 row (at most MAX_DECISIONS = 32 columns) as one integer, in the rows' lexicographic
+    order: np.unique(axis=0) sorts rows as opaque bytes, a call per comparison (seconds at 10⁵)."""
+    return acceptable.astype(np.uint64) @ (np.uint64(1) << np.arange(acceptable.shape[1] - 1, -1, -1, dtype=np.uint64))
 
 
 def smallest_uint_dtype(max_value: int) -> np.dtype:
@@ -77,7 +83,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS, max
     if likelihood is not None:
         width = max(len(o) for o in outcome_labels)
         _check_size(n, n_tests, width, 8, max_cells, max_bytes, "the likelihood tensor")
-        likelihood = _normalise_rows(likelihood, outcome_labels)
+        likelihood, row_sums = _padded_rows(likelihood, outcome_labels)
     error_rates = _error_rates(instance)
     if likelihood is None and instance.max_flips is not None:
         matrix, prior, class_index, hypothesis_ids, origin = _expand_noisy_copies(
@@ -94,7 +100,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS, max
     if acceptable is not None:
         # Decision instances: within a class, by acceptance row (stable), so each row's
         # hypotheses are a contiguous run the region sums read without a copy (regions.py).
-        _, pattern = np.unique(acceptable, axis=0, return_inverse=True)
+        _, pattern = np.unique(_row_keys(acceptable), return_inverse=True)
         order = np.lexsort((pattern.reshape(-1), class_index))
     class_index, prior = class_index[order], prior[order]
     hypothesis_ids = tuple(map(hypothesis_ids.__getitem__, order.tolist()))
@@ -104,6 +110,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS, max
         by_outcome = likelihood.transpose(0, 2, 1)
         likelihood = np.take(by_outcome, order, axis=0, out=np.empty(by_outcome.shape), mode="clip")
         likelihood = likelihood.transpose(0, 2, 1)
+        likelihood /= row_sums[order]  # in place in the one copy: rows made to sum to 1 exactly
     if acceptable is not None:
         acceptable = np.ascontiguousarray(acceptable[order])
         loss = None if loss is None else np.ascontiguousarray(loss[order])
@@ -225,7 +232,7 @@ def _columnar_arrays(instance: Instance, max_cells: int, max_bytes: int):
         matrix = None
         given = instance.likelihood_array()
         _check_size(n, n_tests, given.shape[2], 8, max_cells, max_bytes, "the likelihood tensor")
-        likelihood = np.array(given, dtype=np.float64)  # a copy: it is normalised in place
+        likelihood = given.astype(np.float64, copy=False)  # maybe a read-only view: normalised as reordered
         nonzero = likelihood.reshape(-1, likelihood.shape[2]).any(axis=0)
         used = np.full(n_tests, int(np.flatnonzero(nonzero).max()) + 1)
     outcome_labels = [
@@ -303,15 +310,15 @@ def _per_hypothesis_outcome_labels(instance: Instance) -> list[tuple[str, ...]]:
     return labels
 
 
-def _normalise_rows(likelihood: np.ndarray, outcome_labels) -> np.ndarray:
-    # Rows were checked to sum to 1 within 1e-6; make them exact so posteriors stay normalised.
+def _padded_rows(likelihood: np.ndarray, outcome_labels) -> tuple[np.ndarray, np.ndarray]:
+    """The tensor padded to every test's outcomes, and each row's sum. Rows were checked to sum
+    to 1 within 1e-6; dividing by the sums makes them exact so posteriors stay normalised."""
     widths = np.array([len(o) for o in outcome_labels])
     if likelihood.shape[2] < widths.max():
         likelihood = np.concatenate(
             [likelihood, np.zeros((*likelihood.shape[:2], widths.max() - likelihood.shape[2]))], axis=2
         )
-    likelihood /= likelihood.sum(axis=2, keepdims=True)  # in place: no second tensor
-    return likelihood
+    return likelihood, likelihood.sum(axis=2, keepdims=True)
 
 
 def _error_rates(instance: Instance) -> np.ndarray:

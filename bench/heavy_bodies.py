@@ -1,0 +1,174 @@
+"""The heaviest instance bodies each form can carry, for bench/hostile.py's ``--heavy`` phase.
+
+Each builder takes a size (hypotheses, or rows) and returns ``(content_type, body bytes)``;
+:data:`FORMS` names each form with the size of its largest body under the default limits.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+
+BOUNDARY = "edgecut-heavy-boundary"
+
+
+def _tests(n_tests: int, labels: int = 2) -> list[dict]:
+    return [{"id": f"t{j}", "outcomes": [str(k) for k in range(labels)]} for j in range(n_tests)]
+
+
+def _json(document: dict) -> tuple[str, bytes]:
+    return "application/json", json.dumps(document, separators=(",", ":")).encode()
+
+
+def per_hypothesis(n: int, n_tests: int = 1, tag: str = "c") -> tuple[str, bytes]:
+    """n hypotheses, each its own object, one outcome per test."""
+    outcomes = ",".join(f'"t{j}":"{j % 2}"' for j in range(n_tests))
+    head = json.dumps({"tests": _tests(n_tests)}, separators=(",", ":"))[:-1]
+    rows = ",".join(f'{{"id":"h{i}","class":"{tag}{i % 100}","outcomes":{{{outcomes}}}}}' for i in range(n))
+    return "application/json", f'{head},"hypotheses":[{rows}]}}'.encode()
+
+
+def _matrix(n: int, n_tests: int) -> np.ndarray:
+    rows = np.arange(n, dtype=np.int64)[:, None]
+    return ((rows >> (np.arange(n_tests) % 20)) & 1).astype(np.uint8)
+
+
+def _columnar(n: int, n_tests: int, tag: str = "c", **arrays) -> dict:
+    return {"tests": _tests(n_tests), "classes": [f"{tag}{i % 100}" for i in range(n)], **arrays}
+
+
+def matrix_lists(n: int, n_tests: int = 100, tag: str = "c") -> tuple[str, bytes]:
+    """n × N outcome indices as nested lists: 2 bytes a cell."""
+    row = "[" + ",".join("0" * n_tests) + "]"
+    head = json.dumps(_columnar(n, n_tests, tag), separators=(",", ":"))[:-1]
+    rows = ",".join(f"[{','.join('01'[(i >> (j % 20)) & 1] for j in range(n_tests))}]" if i < 64 else row
+                    for i in range(n))
+    return "application/json", f'{head},"matrix":[{rows}]}}'.encode()
+
+
+def _encoded(array: np.ndarray) -> dict:
+    return {"encoding": "base64", "dtype": {np.dtype("u1"): "uint8", np.dtype("<f8"): "float64"}[array.dtype],
+            "shape": list(array.shape), "data": base64.b64encode(array.tobytes()).decode()}
+
+
+def matrix_compact(n: int, n_tests: int = 1000, tag: str = "c") -> tuple[str, bytes]:
+    """n × N uint8 in the compact base64 form: 4/3 bytes a cell."""
+    return _json(_columnar(n, n_tests, tag, matrix=_encoded(_matrix(n, n_tests))))
+
+
+def _multipart(document: dict, name: str, array: np.ndarray) -> tuple[str, bytes]:
+    npy = io.BytesIO()
+    np.save(npy, array)
+    body = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"instance\"\r\n"
+            f"Content-Type: application/json\r\n\r\n").encode() + json.dumps(document).encode()
+    body += (f"\r\n--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{name}.npy\"\r\n"
+             f"Content-Type: application/octet-stream\r\n\r\n").encode() + npy.getvalue()
+    return f"multipart/form-data; boundary={BOUNDARY}", body + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+def matrix_npy(n: int, n_tests: int = 1000, tag: str = "c") -> tuple[str, bytes]:
+    """n × N uint8 as the binary body's .npy part: 1 byte a cell."""
+    return _multipart(_columnar(n, n_tests, tag), "matrix", _matrix(n, n_tests))
+
+
+def _likelihoods(n: int, n_tests: int) -> np.ndarray:
+    p = np.where(_matrix(n, n_tests) == 1, 0.75, 0.25)
+    return np.stack([1 - p, p], axis=2)
+
+
+def likelihood_lists(n: int, n_tests: int = 100, tag: str = "c") -> tuple[str, bytes]:
+    """n × N × 2 likelihoods as nested lists (`[0.25,0.75]`: 6 bytes a number)."""
+    cell = ("[0.25,0.75]", "[0.75,0.25]")
+    head = json.dumps(_columnar(n, n_tests, tag), separators=(",", ":"))[:-1]
+    rows = ",".join("[" + ",".join(cell[(i >> (j % 20)) & 1] for j in range(n_tests)) + "]" if i < 64
+                    else "[" + ",".join([cell[0]] * n_tests) + "]" for i in range(n))
+    return "application/json", f'{head},"likelihood_matrix":[{rows}]}}'.encode()
+
+
+def likelihood_compact(n: int, n_tests: int = 100, tag: str = "c") -> tuple[str, bytes]:
+    """n × N × 2 float64 likelihoods, compact: 32/3 bytes a number."""
+    return _json(_columnar(n, n_tests, tag, likelihood_matrix=_encoded(_likelihoods(n, n_tests))))
+
+
+def likelihood_npy(n: int, n_tests: int = 100, tag: str = "c") -> tuple[str, bytes]:
+    """n × N × 2 float64 likelihoods as a .npy part: 8 bytes a number."""
+    return _multipart(_columnar(n, n_tests, tag), "likelihood_matrix", _likelihoods(n, n_tests))
+
+
+def noisy(n: int, n_tests: int = 20, tag: str = "c", max_flips: int = 1) -> tuple[str, bytes]:
+    """n hypotheses each expanded into its 1 + N noisy copies (max_flips 1), compact."""
+    return _json({**_columnar(n, n_tests, tag, matrix=_encoded(_matrix(n, n_tests))), "noise": 0.05,
+                  "max_flips": max_flips})
+
+
+def decisions(n: int, n_decisions: int = 32, tag: str = "d") -> tuple[str, bytes]:
+    """n hypotheses of a decision instance, ``acceptable_matrix`` n × D as nested lists."""
+    n_tests = 20
+    rows = ",".join("[" + ",".join("1" if d == i % n_decisions else "0" for d in range(n_decisions)) + "]"
+                    for i in range(min(n, n_decisions)))
+    plain = "[" + ",".join(["1"] + ["0"] * (n_decisions - 1)) + "]"
+    rows += "," + ",".join([plain] * (n - min(n, n_decisions))) if n > n_decisions else ""
+    head = json.dumps({"tests": _tests(n_tests), "matrix": _encoded(_matrix(n, n_tests)),
+                       "decisions": [f"{tag}{d}" for d in range(n_decisions)]}, separators=(",", ":"))[:-1]
+    return "application/json", f'{head},"acceptable_matrix":[{rows}]}}'.encode()
+
+
+def per_hypothesis_likelihoods(n: int, n_tests: int = 1, tag: str = "c") -> tuple[str, bytes]:
+    """n hypotheses, each its own object with a likelihood row per test."""
+    rows = ",".join(f'"t{j}":{{"0":0.25,"1":0.75}}' for j in range(n_tests))
+    head = json.dumps({"tests": _tests(n_tests)}, separators=(",", ":"))[:-1]
+    body = ",".join(f'{{"id":"h{i}","class":"{tag}{i % 100}","likelihoods":{{{rows}}}}}' for i in range(n))
+    return "application/json", f'{head},"hypotheses":[{body}]}}'.encode()
+
+
+def largest(builder, limit: int, *args) -> int:
+    """The most hypotheses (rows) ``builder`` can put in a JSON body whose estimated parse cost
+    (service/api/limits.py) is within ``limit``: the cost counts punctuation only, so it is affine
+    in the rows and two small bodies give it exactly."""
+    from service.api.limits import parse_cost
+
+    small, big = (parse_cost(builder(n, *args)[1])[0] for n in (100, 200))
+    return 100 + (limit - small) // ((big - small) // 100)
+
+
+def largest_body(builder, limit: int, *args) -> int:
+    """The most rows whose body ``builder`` keeps within ``limit`` bytes (MAX_BODY_BYTES)."""
+    small, big = (len(builder(n, *args)[1]) for n in (1000, 2000))
+    n = 1000 + (limit - small) * 1000 // (big - small)
+    while len(builder(n, *args)[1]) > limit:
+        n -= max(1, n // 2000)
+    return n
+
+
+# Class labels of this length (the tag, then a number): a new tag makes new content of one size.
+TAG_LENGTH = 6
+
+
+def forms(settings) -> list[tuple[str, object, tuple, int, str]]:
+    """Each form at its largest under ``settings``: (name, builder, its extra arguments, rows,
+    the limit that binds it). One row more is past that limit. Built with a tag of TAG_LENGTH."""
+    cost, body = settings.max_parse_bytes, settings.max_body_bytes
+    rows_limit, cells = settings.max_hypotheses, settings.max_cells
+    table = [
+        ("per-hypothesis, 1 test", per_hypothesis, (1,), largest(per_hypothesis, cost, 1), "MAX_PARSE_BYTES"),
+        ("per-hypothesis, 200 tests", per_hypothesis, (200,), largest(per_hypothesis, cost, 200), "MAX_PARSE_BYTES"),
+        ("per-hypothesis likelihoods, 2 tests", per_hypothesis_likelihoods, (2,),
+         largest(per_hypothesis_likelihoods, cost, 2), "MAX_PARSE_BYTES"),
+        ("nested matrix, 100 tests", matrix_lists, (100,), largest(matrix_lists, cost, 100), "MAX_PARSE_BYTES"),
+        ("nested matrix, 1000 tests", matrix_lists, (1000,), largest(matrix_lists, cost, 1000), "MAX_PARSE_BYTES"),
+        ("nested likelihood_matrix, 100 tests x 2", likelihood_lists, (100,), largest(likelihood_lists, cost, 100),
+         "MAX_PARSE_BYTES"),
+        ("nested acceptable_matrix, 32 decisions", decisions, (32,), largest(decisions, cost, 32), "MAX_PARSE_BYTES"),
+        ("compact uint8 matrix, 1000 tests", matrix_compact, (1000,), cells // 1000, "MAX_CELLS"),
+        ("binary uint8 matrix, 1000 tests", matrix_npy, (1000,), cells // 1000, "MAX_CELLS"),
+        ("compact uint8 matrix, 1 test", matrix_compact, (1,), rows_limit, "MAX_HYPOTHESES"),
+        ("compact float64 likelihood_matrix, 100 tests x 2", likelihood_compact, (100,),
+         largest_body(likelihood_compact, body, 100, "t" * TAG_LENGTH), "MAX_BODY_BYTES"),
+        ("binary float64 likelihood_matrix, 100 tests x 2", likelihood_npy, (100,),
+         largest_body(likelihood_npy, body, 100, "t" * TAG_LENGTH), "MAX_BODY_BYTES"),
+        ("noisy copies (max_flips 1, 20 tests: 21 rows each)", noisy, (20,), rows_limit // 21, "MAX_HYPOTHESES"),
+    ]
+    return table
