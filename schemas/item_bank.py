@@ -77,6 +77,8 @@ class ItemBank(_Wire):
     levels: Labels | None = None
     # D in the logistic 1 / (1 + exp(-D a (θ - b))): 1, or 1.702 to approximate the normal ogive.
     scaling: Number = 1.0
+    # Groups of item ids of which a session asks at most one (items that give each other away).
+    enemies: list[Labels] | None = None
 
     def level_labels(self) -> tuple[str, ...]:
         """The classes' labels: ``levels``, else "level 1" … "level k+1" (cut scores given)."""
@@ -100,6 +102,17 @@ def item_bank_problems(bank: ItemBank, where: Loc = ("item_bank",)) -> list[Prob
     if not (_finite(bank.scaling) and bank.scaling > 0):
         problems.append((where + ("scaling",), "scaling (D) must be a finite number > 0"))
     problems += _level_problems(bank, where)
+    problems += _enemy_problems(bank, where + ("enemies",))
+    return problems
+
+
+def _enemy_problems(bank: ItemBank, at: Loc) -> list[Problem]:
+    ids = {item.id for item in bank.items}
+    problems: list[Problem] = []
+    for g, group in enumerate(bank.enemies or ()):
+        problems += [(at + (g, k), f"unknown item '{item}'") for k, item in enumerate(group) if item not in ids]
+        if len(set(group)) < 2:
+            problems.append(((at + (g,)), "a group of enemies names at least two different items"))
     return problems
 
 

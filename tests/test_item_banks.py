@@ -169,6 +169,8 @@ RULES = [
     ("item_bank.prior.weights", lambda b: b.update(prior={"grid": [-1, 0, 1], "weights": [0, 0, 0]})),
     ("item_bank.items[0].exposure_parameter", lambda b: b["items"][0].update(exposure_parameter=0)),
     ("item_bank.items[2].exposure_parameter", lambda b: b["items"][2].update(exposure_parameter=1.5)),
+    ("item_bank.enemies[0][1]", lambda b: b.update(enemies=[["i1", "nobody"]])),
+    ("item_bank.enemies[1]", lambda b: b.update(enemies=[["i1", "i2"], ["i3", "i3"]])),
 ]
 
 
@@ -405,3 +407,45 @@ def test_evaluation_draws_exposure_control_per_examinee():
     drawn = evaluate(inst, ["infogain"], engine.StopRules(max_tests=1, randomesque=5), samples=300).policies[0]
     # One item each: without control everyone gets the best; with k = 5 each of five gets about 1/5.
     assert plain.top_exposure == 1.0 and 0.1 < drawn.top_exposure < 0.35
+
+
+# --- Enemies ------------------------------------------------------------------------------------
+
+def enemy_bank():
+    """bank_of() and, as enemies, the items the policy asks first and second (answers all right)."""
+    bank = bank_of()
+    inst = compiled(bank)
+    policy = engine.resolve_policy(inst, "infogain")
+    rules = engine.StopRules(max_tests=40)
+    first = engine.decide(engine.observe(inst, []), policy, rules).next_test
+    second = engine.decide(engine.observe(inst, [(first, 1)]), policy, rules).next_test
+    pair = [inst.test_ids[first], inst.test_ids[second]]
+    return {"item_bank": {**bank["item_bank"], "enemies": [pair]}}, pair
+
+
+def test_enemies_are_never_asked_together():
+    bank, (first, second) = enemy_bank()
+    inst = compiled(bank)
+    assert inst.content_hash != compiled(bank_of()).content_hash
+    assert codec.decode(*codec.encode(inst), inst.content_hash).enemies.tolist() == inst.enemies.tolist()
+    policy = engine.resolve_policy(inst, "infogain")
+    observations: list = []
+    while True:
+        decision = engine.decide(engine.observe(inst, observations), policy, engine.StopRules(max_tests=40))
+        if decision.done:
+            break
+        observations.append((decision.next_test, 1))
+    asked = {inst.test_ids[t] for t, _ in observations}
+    assert first in asked and second not in asked and len(asked) == 39
+    # A skipped item counts as shown: its enemy is not asked either.
+    skipped = engine.observe(inst, [(inst.test_index[first], engine.SKIPPED)])
+    assert inst.test_ids[engine.decide(skipped, policy, engine.StopRules(max_tests=40)).next_test] != second
+
+
+def test_sessions_keep_enemies_apart(client):
+    bank, (first, second) = enemy_bank()
+    state = client.post("/v1/sessions", json={"instance": bank, "max_tests": 40}).get_json()
+    assert state["next_test"]["id"] == first
+    url = f"/v1/sessions/{state['session_id']}/observations"
+    state = client.post(url, json={"observations": [{"test": first, "outcome": "1"}]}).get_json()
+    assert state["next_test"]["id"] not in (first, second)

@@ -78,6 +78,7 @@ class CompiledInstance:
     outcome_text: tuple[tuple[str | None, ...], ...] | None = None
     theta: np.ndarray | None = None  # (n,) item banks (item_bank.py): each hypothesis's θ
     exposure_parameters: np.ndarray | None = None  # (N,) item banks: Sympson–Hetter's P(given | chosen)
+    enemies: np.ndarray | None = None  # (E, 2) item banks: pairs of tests never both asked
 
     @property
     def kind(self) -> str:
@@ -105,8 +106,7 @@ class CompiledInstance:
 
     @cached_property
     def acceptance_patterns(self) -> tuple[np.ndarray, np.ndarray]:
-        """(patterns, pattern_of): the distinct rows of ``acceptable`` (G × D bool, sorted) and
-        each hypothesis's row among them (n,). The region objectives sum per pattern."""
+        """(patterns, pattern_of): distinct rows of ``acceptable`` (G × D, sorted), each hypothesis's (n,)."""
         patterns, pattern_of = np.unique(self.acceptable, axis=0, return_inverse=True)
         return patterns, pattern_of.reshape(-1)
 
@@ -315,7 +315,7 @@ class CompiledInstance:
     @cached_property
     def nbytes(self) -> int:
         arrays = (self.costs, self.class_index, self.prior, self.outcomes, self.likelihood,
-                  self.acceptable, self.loss, self.theta, self.exposure_parameters)
+                  self.acceptable, self.loss, self.theta, self.exposure_parameters, self.enemies)
         return sum(a.nbytes for a in arrays if a is not None)
 
     @cached_property
@@ -360,9 +360,9 @@ class CompiledInstance:
             put(b"skip_cost=charged")
         if self.test_text is not None:  # what a client shows is part of what was posted
             put(b"text" + json.dumps([self.test_text, self.outcome_text], ensure_ascii=False).encode())
-        for name, array in ((b"theta", self.theta), (b"exposure_parameters", self.exposure_parameters)):
-            if array is not None:
-                put(name + array.astype("<f8").tobytes())
+        for name in ("theta", "exposure_parameters", "enemies"):  # item banks' (item_bank.py)
+            if getattr(self, name) is not None:
+                put(name.encode() + getattr(self, name).astype("<f8").tobytes())
         return digest.hexdigest()
 
 

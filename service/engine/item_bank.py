@@ -114,7 +114,24 @@ def with_theta(compiled: CompiledInstance, theta_of: dict[str, float], bank: Ite
         exposure = np.array([1.0 if item.exposure_parameter is None else float(item.exposure_parameter)
                              for item in bank.items])
         exposure.setflags(write=False)
-    return dataclasses.replace(compiled, theta=theta, exposure_parameters=exposure, warnings=tuple(warnings))
+    enemies = None
+    if bank.enemies:
+        index = compiled.test_index
+        pairs = {(index[a], index[b]) for group in bank.enemies for a in group for b in group if index[a] < index[b]}
+        enemies = np.array(sorted(pairs), dtype=np.intp).reshape(-1, 2)
+        enemies.setflags(write=False)
+    return dataclasses.replace(compiled, theta=theta, exposure_parameters=exposure, enemies=enemies,
+                               warnings=tuple(warnings))
+
+
+def enemies_of(inst: CompiledInstance, asked: np.ndarray) -> np.ndarray:
+    """(N,) bool: the tests that are enemies of a test ``asked`` ((N,) bool) and so never asked."""
+    blocked = np.zeros(inst.n_tests, dtype=bool)
+    if inst.enemies is not None and inst.enemies.size:
+        first, second = inst.enemies[:, 0], inst.enemies[:, 1]
+        blocked[second[asked[first]]] = True
+        blocked[first[asked[second]]] = True
+    return blocked
 
 
 def sympson_hetter_blocked(inst: CompiledInstance, seed: int) -> np.ndarray:

@@ -11,7 +11,7 @@ import numpy as np
 from .belief import Belief, Observation, OutcomeStats, observe
 from .compiled import CompiledInstance
 from .errors import InfeasibleComputation, StopRuleNotApplicable
-from .item_bank import sympson_hetter_blocked, theta_estimate
+from .item_bank import enemies_of, sympson_hetter_blocked, theta_estimate
 from .policies import EDGE_CUTTING_STATISTICS, Policy, edge_cutting_gain, resolve_policy
 from .regions import decided_by_all, decision_posterior, expected_loss
 
@@ -172,12 +172,14 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
 
 def _available(belief: Belief, open_tests: np.ndarray, excluded: np.ndarray | None, rules: StopRules,
                seed: int) -> np.ndarray:
-    """The open tests neither skipped, nor ``excluded``, nor held back by exposure control."""
+    """The open tests neither skipped, nor ``excluded``, nor held back by exposure control or enemies."""
     available = open_tests if len(belief.answers) == len(belief.observations) else open_tests & ~belief.skipped_tests
     if excluded is not None:
         available = available & ~excluded
     if rules.sympson_hetter:
         available = available & ~sympson_hetter_blocked(belief.instance, seed)
+    if belief.instance.enemies is not None:  # an item bank's: never an enemy of a test already shown
+        available = available & ~enemies_of(belief.instance, belief.run_tests | belief.skipped_tests)
     return available
 
 

@@ -127,7 +127,7 @@ def _header(instance: CompiledInstance, parts: list[tuple[str, str, list[int], n
         header["skip_cost"] = "charged"
     if instance.test_text is not None:
         header["test_text"], header["outcome_text"] = instance.test_text, instance.outcome_text
-    for name in ("theta", "exposure_parameters"):  # an item bank's: a few numbers, exact in JSON
+    for name in ("theta", "exposure_parameters", "enemies"):  # an item bank's: a few numbers, exact in JSON
         if getattr(instance, name) is not None:
             header[name] = getattr(instance, name).tolist()
     return header
@@ -155,6 +155,7 @@ class _Header(NamedTuple):
     outcome_text: tuple | None
     theta: list | None
     exposure_parameters: list | None
+    enemies: list | None
 
 
 def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -> CompiledInstance:
@@ -206,7 +207,7 @@ def _fields(header: dict) -> _Header:
             decision_labels=_labels(header["decision_labels"]) if "decision_labels" in header else (),
             repeatable=header.get("repeatable", []), skip_cost=header.get("skip_cost", "free"),
             test_text=test_text, outcome_text=outcome_text, theta=header.get("theta"),
-            exposure_parameters=header.get("exposure_parameters"))
+            exposure_parameters=header.get("exposure_parameters"), enemies=header.get("enemies"))
     except (KeyError, TypeError) as exc:
         raise CorruptInstance(f"instance header lacks or mistypes a field: {exc}") from None
 
@@ -321,7 +322,21 @@ def _instance(fields: _Header, arrays: dict[str, np.ndarray]) -> CompiledInstanc
         outcome_text=fields.outcome_text,
         theta=theta,
         exposure_parameters=exposure,
+        enemies=_enemies(fields.enemies, n_tests),
     )
+
+
+def _enemies(given, n_tests: int) -> np.ndarray | None:
+    """An item bank's enemy pairs: [[i, j], …] of distinct test indices, as a read-only array."""
+    if given is None:
+        return None
+    if not isinstance(given, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(type(t) is int and 0 <= t < n_tests for t in p) and p[0] != p[1]
+            for p in given):
+        raise CorruptInstance("instance header's enemies are not pairs of test indices")
+    pairs = np.array(given, dtype=np.intp).reshape(-1, 2)
+    pairs.setflags(write=False)
+    return pairs
 
 
 def _numbers(given, size: int, name: str) -> np.ndarray | None:
