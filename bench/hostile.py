@@ -157,7 +157,7 @@ def chunked_too_large(port: int) -> str:
                      b"Transfer-Encoding: chunked\r\n\r\n")
         piece = b"100000\r\n" + b" " * 0x100000 + b"\r\n"
         try:
-            for _ in range(20):  # 20 MiB > MAX_BODY_BYTES (16 MiB)
+            for _ in range(Settings().max_body_bytes // 0x100000 + 1):  # 1 MiB pieces past MAX_BODY_BYTES
                 sock.sendall(piece)
         except OSError:
             pass
