@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from .labels import DisplayText, Label, Labels, Number
 
@@ -68,6 +68,15 @@ class PriorSpec(_Wire):
         return self.grid is not None
 
 
+class ContentBalance(_Wire):
+    """Shares of the items asked per ``content_area`` (summing to 1), and optionally the least and
+    most items of an area in one session."""
+
+    targets: dict[Label, Number]
+    min: dict[Label, StrictInt] | None = None
+    max: dict[Label, StrictInt] | None = None
+
+
 class ItemBank(_Wire):
     items: list[ItemSpec] = Field(min_length=1)
     prior: PriorSpec = PriorSpec(mean=0, sd=1)
@@ -79,6 +88,7 @@ class ItemBank(_Wire):
     scaling: Number = 1.0
     # Groups of item ids of which a session asks at most one (items that give each other away).
     enemies: list[Labels] | None = None
+    content_balance: ContentBalance | None = None
 
     def level_labels(self) -> tuple[str, ...]:
         """The classes' labels: ``levels``, else "level 1" … "level k+1" (cut scores given)."""
@@ -103,6 +113,28 @@ def item_bank_problems(bank: ItemBank, where: Loc = ("item_bank",)) -> list[Prob
         problems.append((where + ("scaling",), "scaling (D) must be a finite number > 0"))
     problems += _level_problems(bank, where)
     problems += _enemy_problems(bank, where + ("enemies",))
+    if bank.content_balance is not None:
+        problems += _content_problems(bank, where)
+    return problems
+
+
+def _content_problems(bank: ItemBank, where: Loc) -> list[Problem]:
+    balance, at = bank.content_balance, where + ("content_balance",)
+    targets = balance.targets
+    problems: list[Problem] = [(where + ("items", i, "content_area"), "content balancing needs every item's "
+                                "content_area, one of the targets") for i, item in enumerate(bank.items)
+                               if item.content_area not in targets]
+    problems += [(at + ("targets", area), "a target share must be a finite number in [0, 1]")
+                 for area, share in targets.items() if not (_finite(share) and 0 <= share <= 1)]
+    if not problems and abs(math.fsum(targets.values()) - 1) > 1e-6:
+        problems.append((at + ("targets",), f"the target shares sum to {math.fsum(targets.values()):g}, not 1"))
+    for name in ("min", "max"):
+        for area, count in (getattr(balance, name) or {}).items():
+            if area not in targets or count < 0:
+                problems.append((at + (name, area), f"{name} counts are numbers >= 0 of areas in targets"))
+    for area, most in (balance.max or {}).items():
+        if most < (balance.min or {}).get(area, 0):
+            problems.append((at + ("max", area), "max is below min"))
     return problems
 
 

@@ -171,6 +171,13 @@ RULES = [
     ("item_bank.items[2].exposure_parameter", lambda b: b["items"][2].update(exposure_parameter=1.5)),
     ("item_bank.enemies[0][1]", lambda b: b.update(enemies=[["i1", "nobody"]])),
     ("item_bank.enemies[1]", lambda b: b.update(enemies=[["i1", "i2"], ["i3", "i3"]])),
+    ("item_bank.items[1].content_area", lambda b: b.update(content_balance={"targets": {"algebra": 1}})),
+    ("item_bank.content_balance.targets", lambda b: [i.update(content_area="algebra") for i in b["items"]]
+     and b.update(content_balance={"targets": {"algebra": 0.5}})),
+    ("item_bank.content_balance.max.algebra", lambda b: [i.update(content_area="algebra") for i in b["items"]]
+     and b.update(content_balance={"targets": {"algebra": 1}, "min": {"algebra": 3}, "max": {"algebra": 2}})),
+    ("item_bank.content_balance.min.geometry", lambda b: [i.update(content_area="algebra") for i in b["items"]]
+     and b.update(content_balance={"targets": {"algebra": 1}, "min": {"geometry": 1}})),
 ]
 
 
@@ -449,3 +456,58 @@ def test_sessions_keep_enemies_apart(client):
     url = f"/v1/sessions/{state['session_id']}/observations"
     state = client.post(url, json={"observations": [{"test": first, "outcome": "1"}]}).get_json()
     assert state["next_test"]["id"] not in (first, second)
+
+
+# --- Content balancing ------------------------------------------------------------------------
+
+def balanced_bank(**balance):
+    bank = bank_of()
+    for j, item in enumerate(bank["item_bank"]["items"]):
+        item["content_area"] = ("algebra", "geometry", "number")[j % 3]
+    bank["item_bank"]["content_balance"] = {"targets": {"algebra": 0.5, "geometry": 0.25, "number": 0.25}, **balance}
+    return bank
+
+
+def areas_asked(bank, answers=30):
+    inst = compiled(bank)
+    policy = engine.resolve_policy(inst, "infogain")
+    observations: list = []
+    for _ in range(answers):
+        decision = engine.decide(engine.observe(inst, observations), policy, engine.StopRules(max_tests=answers))
+        if decision.done:
+            break
+        observations.append((decision.next_test, len(observations) % 2))
+    items = {i["id"]: i["content_area"] for i in bank["item_bank"]["items"]}
+    return [items[inst.test_ids[t]] for t, _ in observations]
+
+
+def test_content_balancing_keeps_each_prefix_at_its_targets():
+    asked = areas_asked(balanced_bank(), 24)
+    targets = {"algebra": 0.5, "geometry": 0.25, "number": 0.25}
+    assert len(asked) == 24
+    for n in range(1, 25):
+        # The area furthest below its share is asked next: no area runs ahead by more than one item.
+        for area, share in targets.items():
+            assert abs(asked[:n].count(area) - share * n) <= 1
+    assert [asked.count(a) for a in targets] == [12, 6, 6]
+
+
+def test_content_balancing_least_and_most():
+    asked = areas_asked(balanced_bank(min={"number": 4}, max={"algebra": 3}), 12)
+    assert asked[:4] == ["number"] * 4  # below its least first
+    assert asked.count("algebra") == 3  # never past its most
+    inst = compiled(balanced_bank(max={"algebra": 3}))
+    assert codec.decode(*codec.encode(inst), inst.content_hash).content_balance.tolist() == \
+        inst.content_balance.tolist() and inst.content_hash != compiled(balanced_bank()).content_hash
+
+
+def test_sessions_follow_the_content_targets(client):
+    bank = balanced_bank()
+    items = {i["id"]: i["content_area"] for i in bank["item_bank"]["items"]}
+    state = client.post("/v1/sessions", json={"instance": bank, "max_tests": 8}).get_json()
+    url = f"/v1/sessions/{state['session_id']}/observations"
+    asked = []
+    while not state["done"]:
+        asked.append(items[state["next_test"]["id"]])
+        state = client.post(url, json={"observations": [{"test": state["next_test"]["id"], "outcome": "1"}]}).get_json()
+    assert [asked.count(a) for a in ("algebra", "geometry", "number")] == [4, 2, 2]

@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import NamedTuple
 
@@ -79,6 +79,8 @@ class CompiledInstance:
     theta: np.ndarray | None = None  # (n,) item banks (item_bank.py): each hypothesis's θ
     exposure_parameters: np.ndarray | None = None  # (N,) item banks: Sympson–Hetter's P(given | chosen)
     enemies: np.ndarray | None = None  # (E, 2) item banks: pairs of tests never both asked
+    content_area: np.ndarray | None = None  # (N,) item banks with content balancing: each test's area
+    content_balance: np.ndarray | None = None  # (A, 3) each area's target share, least and most tests
 
     @property
     def kind(self) -> str:
@@ -314,9 +316,7 @@ class CompiledInstance:
 
     @cached_property
     def nbytes(self) -> int:
-        arrays = (self.costs, self.class_index, self.prior, self.outcomes, self.likelihood,
-                  self.acceptable, self.loss, self.theta, self.exposure_parameters, self.enemies)
-        return sum(a.nbytes for a in arrays if a is not None)
+        return sum(a.nbytes for a in (getattr(self, f.name) for f in fields(self)) if isinstance(a, np.ndarray))
 
     @cached_property
     def content_hash(self) -> str:
@@ -360,7 +360,7 @@ class CompiledInstance:
             put(b"skip_cost=charged")
         if self.test_text is not None:  # what a client shows is part of what was posted
             put(b"text" + json.dumps([self.test_text, self.outcome_text], ensure_ascii=False).encode())
-        for name in ("theta", "exposure_parameters", "enemies"):  # item banks' (item_bank.py)
+        for name in ("theta", "exposure_parameters", "enemies", "content_area", "content_balance"):
             if getattr(self, name) is not None:
                 put(name.encode() + getattr(self, name).astype("<f8").tobytes())
         return digest.hexdigest()

@@ -121,7 +121,42 @@ def with_theta(compiled: CompiledInstance, theta_of: dict[str, float], bank: Ite
         enemies = np.array(sorted(pairs), dtype=np.intp).reshape(-1, 2)
         enemies.setflags(write=False)
     return dataclasses.replace(compiled, theta=theta, exposure_parameters=exposure, enemies=enemies,
-                               warnings=tuple(warnings))
+                               warnings=tuple(warnings), **_content_arrays(bank))
+
+
+def _content_arrays(bank: ItemBank) -> dict:
+    """Content balancing's arrays: each item's area (in the targets' order), each area's target
+    share, least and most items (no most: every item)."""
+    balance = bank.content_balance
+    if balance is None:
+        return {}
+    areas = list(balance.targets)
+    rows = [[float(balance.targets[a]), float((balance.min or {}).get(a, 0)),
+             float((balance.max or {}).get(a, len(bank.items)))] for a in areas]
+    arrays = {"content_area": np.array([areas.index(item.content_area) for item in bank.items], dtype=np.intp),
+              "content_balance": np.array(rows).reshape(-1, 3)}
+    for array in arrays.values():
+        array.setflags(write=False)
+    return arrays
+
+
+def balanced(inst: CompiledInstance, asked: np.ndarray, informative: np.ndarray) -> np.ndarray:
+    """The informative tests content balancing allows next, by the constrained CAT rule of
+    Kingsbury & Zara (1989): areas at their most are closed; an area below its least comes
+    first (the furthest below); otherwise the area furthest below its target share of the tests
+    asked so far, one item more counted (ties: the earlier area). Areas with no informative test
+    left are passed over."""
+    if inst.content_area is None:
+        return informative
+    share, least, most = inst.content_balance.T
+    count = np.bincount(inst.content_area[asked], minlength=share.size)
+    open_area = (count < most) & (np.bincount(inst.content_area[informative], minlength=share.size) > 0)
+    if not open_area.any():
+        return np.zeros_like(informative)
+    short = open_area & (count < least)
+    deficit = np.where(short, least - count, share * (count.sum() + 1) - count)
+    area = int(np.argmax(np.where(short if short.any() else open_area, deficit, -np.inf)))
+    return informative & (inst.content_area == area)
 
 
 def enemies_of(inst: CompiledInstance, asked: np.ndarray) -> np.ndarray:

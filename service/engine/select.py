@@ -11,7 +11,7 @@ import numpy as np
 from .belief import Belief, Observation, OutcomeStats, observe
 from .compiled import CompiledInstance
 from .errors import InfeasibleComputation, StopRuleNotApplicable
-from .item_bank import enemies_of, sympson_hetter_blocked, theta_estimate
+from .item_bank import balanced, enemies_of, sympson_hetter_blocked, theta_estimate
 from .policies import EDGE_CUTTING_STATISTICS, Policy, edge_cutting_gain, resolve_policy
 from .regions import decided_by_all, decision_posterior, expected_loss
 
@@ -150,7 +150,7 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
         if available.any() and not eligible.any():
             return stop(StopReason.BUDGET_EXHAUSTED)
     positive = gain > ZERO_GAIN
-    informative = eligible & positive
+    informative = balanced(inst, belief.run_tests, eligible & positive)
     per_cost = gain / inst.costs
     scores = _shown_scores(belief, policy, per_cost, eligible)
     ratio = np.where(informative, per_cost, -np.inf)

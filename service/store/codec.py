@@ -127,7 +127,8 @@ def _header(instance: CompiledInstance, parts: list[tuple[str, str, list[int], n
         header["skip_cost"] = "charged"
     if instance.test_text is not None:
         header["test_text"], header["outcome_text"] = instance.test_text, instance.outcome_text
-    for name in ("theta", "exposure_parameters", "enemies"):  # an item bank's: a few numbers, exact in JSON
+    # An item bank's: a few numbers, exact in JSON.
+    for name in ("theta", "exposure_parameters", "enemies", "content_area", "content_balance"):
         if getattr(instance, name) is not None:
             header[name] = getattr(instance, name).tolist()
     return header
@@ -156,6 +157,8 @@ class _Header(NamedTuple):
     theta: list | None
     exposure_parameters: list | None
     enemies: list | None
+    content_area: list | None
+    content_balance: list | None
 
 
 def decode(header_bytes: bytes, body: bytes, expected_hash: str | None = None) -> CompiledInstance:
@@ -207,7 +210,8 @@ def _fields(header: dict) -> _Header:
             decision_labels=_labels(header["decision_labels"]) if "decision_labels" in header else (),
             repeatable=header.get("repeatable", []), skip_cost=header.get("skip_cost", "free"),
             test_text=test_text, outcome_text=outcome_text, theta=header.get("theta"),
-            exposure_parameters=header.get("exposure_parameters"), enemies=header.get("enemies"))
+            exposure_parameters=header.get("exposure_parameters"), enemies=header.get("enemies"),
+            content_area=header.get("content_area"), content_balance=header.get("content_balance"))
     except (KeyError, TypeError) as exc:
         raise CorruptInstance(f"instance header lacks or mistypes a field: {exc}") from None
 
@@ -323,7 +327,23 @@ def _instance(fields: _Header, arrays: dict[str, np.ndarray]) -> CompiledInstanc
         theta=theta,
         exposure_parameters=exposure,
         enemies=_enemies(fields.enemies, n_tests),
+        **_content(fields.content_area, fields.content_balance, n_tests),
     )
+
+
+def _content(area, balance, n_tests: int) -> dict:
+    """An item bank's content balancing: each test's area index, each area's (share, least, most)."""
+    if area is None and balance is None:
+        return {}
+    if (not isinstance(balance, list) or not all(isinstance(row, list) and len(row) == 3
+                                                 and all(type(x) is float for x in row) for row in balance)
+            or not isinstance(area, list) or len(area) != n_tests
+            or not all(type(a) is int and 0 <= a < len(balance) for a in area)):
+        raise CorruptInstance("instance header's content balancing is not an area per test and 3 numbers per area")
+    arrays = {"content_area": np.array(area, dtype=np.intp), "content_balance": np.array(balance).reshape(-1, 3)}
+    for array in arrays.values():
+        array.setflags(write=False)
+    return arrays
 
 
 def _enemies(given, n_tests: int) -> np.ndarray | None:
