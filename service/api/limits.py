@@ -96,21 +96,54 @@ class WorkerBusy(ServiceError):
     code = "server-busy"
 
 
+class BigRequestSlot:
+    """Taken by the request thread serving a big request; ``busy`` is read by the worker's event
+    loop without taking anything, so looking never makes a request thread miss the slot."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.busy = False
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.busy:
+                return False
+            self.busy = True
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.busy = False
+
+
 def install(app: Flask, settings: Settings) -> None:
-    """One slot per app (a gunicorn worker serves one app) for a big request, released when the
-    request that holds it ends, however it ends."""
-    app.extensions[_BIG_SLOT] = threading.BoundedSemaphore(1)
+    """One slot per app (a gunicorn worker serves one app) for a big request, given back once the
+    request that holds it is answered, however it ends."""
+    app.extensions[_BIG_SLOT] = BigRequestSlot()
+
+    def release() -> None:
+        if g.pop(_BIG_SLOT, False):
+            app.extensions[_BIG_SLOT].give_back()
 
     @app.teardown_request
     def _release(_error: BaseException | None) -> None:
-        if g.pop(_BIG_SLOT, False):
-            app.extensions[_BIG_SLOT].release()
+        release()  # an unhandled error skips after_request
 
     @app.after_request
-    def _retry_after(response: Response) -> Response:
+    def _answered(response: Response) -> Response:
+        # Given back before the answer is sent: a client that sends its next big request as soon
+        # as it has the answer to the last must find the slot free.
+        release()
         if g.get("big_request_refused"):
             response.headers["Retry-After"] = str(settings.retry_after_seconds)
         return response
+
+
+def big_request_in_flight(app: object) -> bool:
+    """Whether ``app`` is serving a big request now (the worker's event loop asks, to refuse
+    another before receiving its body)."""
+    slot = getattr(app, "extensions", {}).get(_BIG_SLOT)
+    return slot is not None and slot.busy
 
 
 def hold_big_request(size: int, settings: Settings) -> None:
@@ -122,7 +155,7 @@ def hold_big_request(size: int, settings: Settings) -> None:
     slot = current_app.extensions.get(_BIG_SLOT)
     if slot is None:  # an app made without install(): nothing to hold
         return
-    if not slot.acquire(blocking=False):
+    if not slot.take():
         g.big_request_refused = True
         raise WorkerBusy(f"this worker is serving another request of at least {settings.big_request_bytes} bytes "
                          f"(BIG_REQUEST_BYTES); retry after Retry-After seconds")

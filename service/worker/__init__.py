@@ -56,6 +56,7 @@ from gunicorn.http.body import LengthReader
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import ThreadWorker
 
+from service.api.limits import big_request_in_flight
 from service.app import rehearse, warm_up
 from service.heap import reserve_heap, resident_bytes, trim_heap
 from service.settings import load_settings
@@ -98,6 +99,7 @@ class BufferingWorker(ThreadWorker):
         self.buffer_budget = settings.request_buffer_bytes
         self.max_body_bytes = settings.max_body_bytes
         self.retry_after = settings.retry_after_seconds
+        self.big_request_bytes = settings.big_request_bytes
         cfg = self.cfg
         if cfg.limit_request_line and cfg.limit_request_fields and cfg.limit_request_field_size:
             self.max_header_bytes = (cfg.limit_request_line + 2
@@ -257,6 +259,15 @@ class BufferingWorker(ThreadWorker):
         framing = pending.framing
         verdict = framing.verdict()
         if verdict == Framing.INCOMPLETE:
+            if self._big_and_busy(framing):
+                # Refused as the application would refuse it once read (service/api/limits.py),
+                # before its body is received: a refused 80 MB body would cost the event loop
+                # what it costs to receive it.
+                self._park_end(pending)
+                self._refuse(pending, "server-busy", f"this worker is serving another request of at least "
+                             f"{self.big_request_bytes} bytes (BIG_REQUEST_BYTES); retry after Retry-After seconds",
+                             {"Retry-After": str(self.retry_after)})
+                return True
             if framing.expects_continue and framing.has_body_pending and not pending.announced_continue:
                 # The client waits for this before sending its body (RFC 9110 §10.1.1).
                 pending.announced_continue = True
@@ -275,6 +286,11 @@ class BufferingWorker(ThreadWorker):
         else:
             self._submit(pending)
         return True
+
+    def _big_and_busy(self, framing: Framing) -> bool:
+        length = framing.content_length
+        return (framing.has_body_pending and length is not None and length >= self.big_request_bytes
+                and big_request_in_flight(self.wsgi))
 
     def _submit(self, pending: _Pending) -> None:
         conn = pending.conn

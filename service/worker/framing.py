@@ -113,6 +113,11 @@ class Framing:
         return b"".join(parts)
 
     @property
+    def content_length(self) -> int | None:
+        """The body's announced length, once the head is read (None: chunked, or none given)."""
+        return self._reader.content_length
+
+    @property
     def has_body_pending(self) -> bool:
         """Head read, body not complete yet (for ``Expect: 100-continue``)."""
         return self._body_start is not None and self._final is None

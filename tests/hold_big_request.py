@@ -1,0 +1,25 @@
+"""A gunicorn config for tests/test_request_bounds.py: in the worker, a request whose instance's
+first test is named ``hold`` waits after its body was read and checked (so holding the worker's
+big-request slot) until the file EDGECUT_TEST_RELEASE names exists; it creates the file
+EDGECUT_TEST_HOLDING names once it waits. Files, not sleeps: the test knows when it holds."""
+
+import os
+import time
+from pathlib import Path
+
+
+def post_worker_init(worker):
+    from service.api import bodies
+
+    checked = bodies.check_request
+
+    def check_then_hold(parsed, settings):
+        checked(parsed, settings)
+        tests = getattr(parsed, "tests", None)
+        if tests and tests[0].id == "hold":
+            Path(os.environ["EDGECUT_TEST_HOLDING"]).touch()
+            deadline = time.monotonic() + 60  # a failed test must not leave the worker held
+            while not Path(os.environ["EDGECUT_TEST_RELEASE"]).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    bodies.check_request = check_then_hold
