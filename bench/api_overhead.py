@@ -20,7 +20,6 @@ rounds' ratios to "as shipped".
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+
+from bench.paired import print_paired  # noqa: E402
 
 from flask import current_app, g  # noqa: E402
 
@@ -85,12 +86,7 @@ def main() -> None:
             use(*forms[form])
             times[form].append(per_request(client, instance_id, args.sessions))
     use(*shipped)
-    base = times["as shipped"]
-    print(f"{'POST observation, in process':<30} {'CPU µs':>8} {'× as shipped':>13}")
-    for form in forms:
-        ratio = statistics.median(t / b for t, b in zip(times[form], base))
-        print(f"{form:<30} {1e6 * statistics.median(times[form]):8.1f} {ratio:13.3f}")
-
+    print_paired("POST observation, in process", times)
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,6 @@ rounds' ratios to "as shipped". The session quota is on (TENANT_MAX_SESSIONS, as
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -27,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+
+from bench.paired import print_paired  # noqa: E402
 
 from conftest import RedisServer  # noqa: E402  (the test suite's launcher)
 
@@ -77,12 +78,7 @@ def main() -> None:
             LazyClient.own = shared_own
         finally:
             server.stop()
-    base = times["as shipped"]
-    print(f"{'session write (update_session)':<30} {'CPU µs':>8} {'× as shipped':>13}")
-    for form in forms:
-        ratio = statistics.median(t / b for t, b in zip(times[form], base))
-        print(f"{form:<30} {1e6 * statistics.median(times[form]):8.1f} {ratio:13.3f}")
-
+    print_paired("session write (update_session)", times)
 
 if __name__ == "__main__":
     main()
