@@ -232,6 +232,8 @@ class _Sums:
         return OutcomeStats(self.p, b, self.sum_sq, self.sum_xlogx, self.max)
 
 
+# Over 60 lines: one walk over the alive rows whose paths share the same block bounds, weights
+# and sums; cut further, each piece would take all of them.
 def reduce_over_classes(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
     """p, b and the reductions of α over classes in ``wanted`` (:data:`CLASS_REDUCTIONS`), in one
     pass over the alive cells (:meth:`Belief.outcome_stats` says how)."""
