@@ -232,8 +232,6 @@ class _Sums:
         return OutcomeStats(self.p, b, self.sum_sq, self.sum_xlogx, self.max)
 
 
-# Over 60 lines: one walk over the alive rows whose paths share the same block bounds, weights
-# and sums; cut further, each piece would take all of them.
 def reduce_over_classes(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
     """p, b and the reductions of α over classes in ``wanted`` (:data:`CLASS_REDUCTIONS`), in one
     pass over the alive cells (:meth:`Belief.outcome_stats` says how)."""
@@ -270,13 +268,12 @@ def reduce_over_classes(belief: Belief, wanted: frozenset[str]) -> OutcomeStats:
     # Big classes' a(i, ·, ·) are folded in batches of ≤ _BLOCK_CELLS numbers: one vectorised
     # fold instead of a few small numpy calls per class.
     batch_classes = max(1, _BLOCK_CELLS // (n_tests * width))
-    arity = None if deterministic else inst.arity
     for first, last in zip(np.concatenate(([0], kind_changes)), np.concatenate((kind_changes, [len(starts)]))):
         if not small[first]:
             for batch in range(first, last, batch_classes):
                 chosen = slice(batch, min(last, batch + batch_classes))
                 sums.add_classes(_classes_alpha_split(inst, rows_of, weight, starts[chosen], ends[chosen],
-                                                      block_rows, width, arity))
+                                                      block_rows, width, None if deterministic else inst.arity))
             continue
         boundaries = np.concatenate((starts[first:last], [ends[last - 1]]))
         i = 0
