@@ -92,7 +92,7 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
     "unknown-outcome": (422, "Unknown outcome", "an observation names an outcome its test does not have"),
     "item-not-asked": (422, "Item not asked", "CAT results answer an item that is not of the current stage"),
     "invalid-session-state": (422, "Invalid session state",
-                              "a CAT `sessionState` missing, or not one this session's last answer gave"),
+                              "a CAT `sessionState` missing, or not the one the CAT session's last results post returned"),
     "unknown-policy": (422, "Unknown policy", "no policy of that name"),
     "policy-not-applicable": (422, "Policy not applicable", "the policy needs another kind of instance"),
     "infeasible": (422, "Infeasible computation", "the exact computation asked for is beyond its limit"),

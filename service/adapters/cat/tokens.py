@@ -97,7 +97,7 @@ def session_state_of(token: str, session_id: str, stateless: bool) -> SessionSta
     try:
         data = decode(token)
         if not isinstance(data, dict) or data.get("s") != session_id:
-            raise ValueError("not this session's state")
+            raise ValueError("not the CAT session's state")
         if stateless:
             answers = data.get("o")
             if not isinstance(answers, list) or not all(
@@ -110,4 +110,4 @@ def session_state_of(token: str, session_id: str, stateless: bool) -> SessionSta
             raise ValueError("no version")
         return SessionState(session_id, version=version)
     except ValueError:
-        raise BadSessionState("sessionState is not a state this session's last answer gave") from None
+        raise BadSessionState("sessionState is not the one the CAT session's last results post returned") from None
