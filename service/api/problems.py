@@ -9,6 +9,7 @@ traceback and answered as a bare 500, never with details.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from flask import Flask, Response, g, has_request_context, request
 from werkzeug.exceptions import HTTPException
@@ -128,6 +129,23 @@ def problem_response(code: str, detail: str, errors: list[dict[str, str]] | None
     body = Problem(type=TYPE_PREFIX + code, title=title, status=status, detail=detail, errors=errors,
                    request_id=request_id)
     return json_response(body, status, headers=headers, media_type=PROBLEM_MEDIA_TYPE)
+
+
+def answer_problems_as(app: Flask, prefix: str, rewrite: Callable[[Response], Response]) -> None:
+    """Refusals under ``prefix`` (and at the prefix without its last slash) leave in another
+    standard's error shape: ``rewrite`` turns the problem+json response into it. One hook for every
+    façade, so only refusals pay for the check."""
+    dialects = app.extensions.setdefault("problem_dialects", {})
+    if not dialects:
+        @app.after_request
+        def _in_dialect(response: Response) -> Response:
+            if response.mimetype != PROBLEM_MEDIA_TYPE:
+                return response
+            for known, rewrite_problem in dialects.items():
+                if request.path.startswith(known) or request.path == known.rstrip("/"):
+                    return rewrite_problem(response)
+            return response
+    dialects[prefix] = rewrite
 
 
 def register_problems(app: Flask, retry_after_seconds: int = 1) -> None:

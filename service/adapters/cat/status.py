@@ -10,10 +10,10 @@ that is not valid HTTP, a server too busy to read it) never reach Flask and stay
 from __future__ import annotations
 
 import orjson
-from flask import Flask, Response, request
+from flask import Flask, Response
 
 from service.api.responses import dumps
-from service.api.problems import PROBLEM_MEDIA_TYPE, TYPE_PREFIX
+from service.api.problems import TYPE_PREFIX, answer_problems_as
 
 PREFIX = "/ims/cat/"
 
@@ -32,16 +32,16 @@ def status_info(status: int, code: str, description: str) -> dict:
                 {"imsx_codeMinorFieldName": "problem", "imsx_codeMinorFieldValue": code}]}}
 
 
+def as_status_info(response: Response) -> Response:
+    problem = orjson.loads(response.get_data())
+    description = problem.get("detail") or problem.get("title") or ""
+    if problem.get("errors"):
+        description += "; " + "; ".join(f"{e['path']}: {e['message']}" for e in problem["errors"])
+    code = str(problem.get("type", "")).removeprefix(TYPE_PREFIX)
+    response.set_data(dumps(status_info(response.status_code, code, description)))
+    response.mimetype = "application/json"
+    return response
+
+
 def install(app: Flask) -> None:
-    @app.after_request
-    def _as_status_info(response: Response) -> Response:
-        if response.mimetype != PROBLEM_MEDIA_TYPE or not request.path.startswith(PREFIX):
-            return response
-        problem = orjson.loads(response.get_data())
-        description = problem.get("detail") or problem.get("title") or ""
-        if problem.get("errors"):
-            description += "; " + "; ".join(f"{e['path']}: {e['message']}" for e in problem["errors"])
-        code = str(problem.get("type", "")).removeprefix(TYPE_PREFIX)
-        response.set_data(dumps(status_info(response.status_code, code, description)))
-        response.mimetype = "application/json"
-        return response
+    answer_problems_as(app, PREFIX, as_status_info)

@@ -8,14 +8,15 @@ rate limits, body limits, routing).
 
 from __future__ import annotations
 
-from flask import Flask, Response, request
+from flask import Flask
 from werkzeug.routing import BaseConverter
+
+from service.api.problems import answer_problems_as
 
 from .outcomes import as_operation_outcome
 from .views import bp
 
 PREFIX = "/fhir/"
-PROBLEM_MEDIA_TYPE = "application/problem+json"
 
 
 class FhirId(BaseConverter):
@@ -28,9 +29,4 @@ class FhirId(BaseConverter):
 def install(app: Flask) -> None:
     app.url_map.converters["fhir_id"] = FhirId  # before the blueprint's rules are bound
     app.register_blueprint(bp)
-
-    @app.after_request
-    def _operation_outcomes(response: Response) -> Response:
-        if response.mimetype == PROBLEM_MEDIA_TYPE and (request.path.startswith(PREFIX) or request.path == "/fhir"):
-            return as_operation_outcome(response)
-        return response
+    answer_problems_as(app, PREFIX, as_operation_outcome)
