@@ -24,6 +24,13 @@ DICHOTOMOUS = frozenset({"1PL", "2PL", "3PL"})
 NORMAL_GRID_SDS = 4.0
 # A positive grid weight below this share of the total is refused, as every prior is (instance.py).
 MIN_WEIGHT_SHARE = 1e-9
+# Numbers on the θ scale (b, thresholds, cut scores, the prior's mean, sd and grid) and a, D lie
+# within this bound: calibrations are logits of a few units, and within it D·a·(θ − b) and its
+# sums over thresholds stay finite, so every accepted bank compiles to finite likelihoods.
+SCALE_LIMIT = 1e6
+# A normal prior's sd is at least this share of max(1, |mean|), so its grid's points stay distinct
+# numbers (and distinct hypotheses) however fine the grid.
+MIN_SD_SHARE = 1e-6
 
 
 class _Wire(BaseModel):
@@ -105,12 +112,16 @@ def _finite(x: float | None) -> bool:
     return x is not None and (isinstance(x, int) or math.isfinite(x))
 
 
+def _on_scale(x: float | None) -> bool:
+    return _finite(x) and abs(x) <= SCALE_LIMIT
+
+
 def item_bank_problems(bank: ItemBank, where: Loc = ("item_bank",)) -> list[Problem]:
     """Every rule of the item bank, each as ``(location, message)``."""
     problems = _item_problems(bank.items, where + ("items",))
     problems += _prior_problems(bank.prior, where + ("prior",))
-    if not (_finite(bank.scaling) and bank.scaling > 0):
-        problems.append((where + ("scaling",), "scaling (D) must be a finite number > 0"))
+    if not (_on_scale(bank.scaling) and bank.scaling > 0):
+        problems.append((where + ("scaling",), f"scaling (D) must be a number in (0, {SCALE_LIMIT:g}]"))
     problems += _level_problems(bank, where)
     problems += _enemy_problems(bank, where + ("enemies",))
     if bank.content_balance is not None:
@@ -164,10 +175,10 @@ def _item_problems(items: Sequence[ItemSpec], where: Loc) -> list[Problem]:
                                  + (" (use 2PL for a discrimination)" if item.model == "1PL" and name == "a" else "")))
             elif not given and name in wanted:
                 problems.append((at + (name,), f"a {item.model} item needs {name}"))
-        if item.a is not None and not (_finite(item.a) and item.a > 0):
-            problems.append((at + ("a",), "a (discrimination) must be a finite number > 0"))
-        if item.b is not None and not _finite(item.b):
-            problems.append((at + ("b",), "b (difficulty) must be a finite number"))
+        if item.a is not None and not (_on_scale(item.a) and item.a > 0):
+            problems.append((at + ("a",), f"a (discrimination) must be a number in (0, {SCALE_LIMIT:g}]"))
+        if item.b is not None and not _on_scale(item.b):
+            problems.append((at + ("b",), f"b (difficulty) must be a number within ±{SCALE_LIMIT:g}"))
         if item.c is not None and not (_finite(item.c) and 0 <= item.c < 1):
             problems.append((at + ("c",), "c (guessing) must be in [0, 1)"))
         k = item.exposure_parameter
@@ -185,9 +196,9 @@ def _threshold_problems(item: ItemSpec, at: Loc) -> list[Problem]:
     thresholds = item.thresholds
     if not thresholds:
         return [(at, "a polytomous item needs at least one threshold (m thresholds: outcomes 0 … m)")]
-    bad = [k for k, t in enumerate(thresholds) if not _finite(t)]
+    bad = [k for k, t in enumerate(thresholds) if not _on_scale(t)]
     if bad:
-        return [(at + (k,), "a threshold must be a finite number") for k in bad]
+        return [(at + (k,), f"a threshold must be a number within ±{SCALE_LIMIT:g}") for k in bad]
     # GRM's cumulative curves cross unless its thresholds increase; GPCM's step difficulties may
     # be reversed (a legitimate finding of a partial-credit calibration).
     if item.model == "GRM":
@@ -201,9 +212,11 @@ def _prior_problems(prior: PriorSpec, at: Loc) -> list[Problem]:
     if normal and prior.is_grid or prior.weights is not None and not prior.is_grid:
         return [(at, "give either mean and sd (a normal prior) or grid and weights, not both")]
     if normal:
-        problems = [] if _finite(prior.mean) else [(at + ("mean",), "mean must be a finite number")]
-        if not (_finite(prior.sd) and prior.sd > 0):
-            problems.append((at + ("sd",), "sd must be a finite number > 0"))
+        problems = [] if _on_scale(prior.mean) else [(at + ("mean",), f"mean must be a number within ±{SCALE_LIMIT:g}")]
+        least = MIN_SD_SHARE * max(1.0, abs(prior.mean)) if not problems else 0.0
+        if not (_on_scale(prior.sd) and prior.sd > least):
+            problems.append((at + ("sd",), f"sd must be a number in ({least:g}, {SCALE_LIMIT:g}] "
+                                           f"({MIN_SD_SHARE:g} × max(1, |mean|) at least, so the grid's points differ)"))
         return problems
     if not prior.is_grid:
         return [(at, "give mean and sd (a normal prior) or grid and weights")]
@@ -213,10 +226,10 @@ def _prior_problems(prior: PriorSpec, at: Loc) -> list[Problem]:
     if len(grid) < 2 or len(weights) != len(grid):
         return [(at + ("weights",), f"give at least two grid points and one weight per point "
                                     f"({len(grid)} points, {len(weights)} weights)")]
-    problems = [(at + ("grid", k), "a grid point must be a finite number") for k, x in enumerate(grid)
-                if not _finite(x)]
+    problems = [(at + ("grid", k), f"a grid point must be a number within ±{SCALE_LIMIT:g}") for k, x in enumerate(grid)
+                if not _on_scale(x)]
     problems += [(at + ("grid", k), f"grid points must increase: {grid[k]} follows {grid[k - 1]}")
-                 for k in range(1, len(grid)) if _finite(grid[k]) and _finite(grid[k - 1]) and grid[k] <= grid[k - 1]]
+                 for k in range(1, len(grid)) if _on_scale(grid[k]) and _on_scale(grid[k - 1]) and grid[k] <= grid[k - 1]]
     bad = [k for k, w in enumerate(weights) if not (_finite(w) and w >= 0)]
     problems += [(at + ("weights", k), "a weight must be a finite number >= 0") for k in bad]
     if not bad:
@@ -247,7 +260,7 @@ def _level_problems(bank: ItemBank, where: Loc) -> list[Problem]:
     at = where + ("cut_scores",)
     if not cuts:
         return [(at, "give at least one cut score, or leave cut_scores out to estimate θ")]
-    problems = [(at + (k,), "a cut score must be a finite number") for k, x in enumerate(cuts) if not _finite(x)]
+    problems = [(at + (k,), f"a cut score must be a number within ±{SCALE_LIMIT:g}") for k, x in enumerate(cuts) if not _on_scale(x)]
     if problems:
         return problems
     problems += [(at + (k,), f"cut scores must increase: {cuts[k]} follows {cuts[k - 1]}")

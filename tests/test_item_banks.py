@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from schemas.instance import Instance, json_path
@@ -160,7 +162,19 @@ RULES = [
     ("item_bank.cut_scores[1]", lambda b: b.update(cut_scores=[0.5, 4.5])),
     ("item_bank.cut_scores", lambda b: b.update(cut_scores=[], levels=["all"])),
     ("item_bank.scaling", lambda b: b.update(scaling=0)),
+    ("item_bank.scaling", lambda b: b.update(scaling=1e7)),
+    ("item_bank.items[0].a", lambda b: b["items"][0].update(a=1e7)),
+    ("item_bank.items[2].b", lambda b: b["items"][2].update(b=-1e300)),
+    ("item_bank.items[4].thresholds[0]", lambda b: b["items"][4].update(thresholds=[1e300, -1e300])),
     ("item_bank.prior.sd", lambda b: b.update(prior={"mean": 0, "sd": 0})),
+    # Numbers whose grid would collapse to one point or overflow.
+    ("item_bank.prior.mean", lambda b: b.update(prior={"mean": 1e308, "sd": 1}, cut_scores=None, levels=None)),
+    ("item_bank.prior.sd", lambda b: b.update(prior={"mean": 0, "sd": 1e308})),
+    ("item_bank.prior.sd", lambda b: b.update(prior={"mean": 1e6, "sd": 1e-12}, cut_scores=None, levels=None)),
+    ("item_bank.prior.grid[1]", lambda b: b.update(prior={"grid": [0, 1e300], "weights": [1, 1]}, cut_scores=None,
+                                                   levels=None)),
+    ("item_bank.cut_scores[0]", lambda b: b.update(prior={"grid": [-1, 1], "weights": [1, 1]}, cut_scores=[-1e300],
+                                                   levels=None)),
     ("item_bank.prior", lambda b: b.update(prior={"mean": 0, "sd": 1, "grid": [0, 1], "weights": [1, 1]})),
     ("item_bank.prior.weights", lambda b: b.update(prior={"grid": [-1, 0, 1], "weights": [1, 1]})),
     ("item_bank.prior.grid[2]", lambda b: b.update(prior={"grid": [-1, 1, 0], "weights": [1, 1, 1]})),
@@ -186,6 +200,51 @@ def test_every_rule_is_refused_at_its_path(path, change):
     with pytest.raises(ValidationError) as raised:
         Instance.model_validate(_with(change))
     assert path in {json_path(tuple(e["loc"])) for e in raised.value.errors()}
+
+
+# Numbers from the whole float range, the scale's edges included.
+EXTREME = st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([1e6, -1e6, 1e-6, 5e-324, 0.0]),
+                    st.floats(-10, 10))
+
+
+@st.composite
+def extreme_banks(draw):
+    items = []
+    for j in range(draw(st.integers(1, 3))):
+        model = draw(st.sampled_from(["1PL", "2PL", "3PL", "GRM", "GPCM"]))
+        item = {"id": f"i{j}", "model": model}
+        if model != "1PL":
+            item["a"] = draw(EXTREME)
+        if model in ("GRM", "GPCM"):
+            item["thresholds"] = sorted(draw(st.lists(EXTREME, min_size=1, max_size=3)))
+        else:
+            item["b"] = draw(EXTREME)
+        if model == "3PL":
+            item["c"] = draw(st.floats(0, 0.99))
+        items.append(item)
+    if draw(st.booleans()):
+        prior = {"mean": draw(EXTREME), "sd": draw(EXTREME)}
+    else:
+        grid = sorted(set(draw(st.lists(EXTREME, min_size=2, max_size=4))))
+        prior = {"grid": grid, "weights": [1.0] * len(grid)}
+    bank = {"items": items, "prior": prior, "scaling": draw(st.sampled_from([1.0, 1.702, 1e6]))}
+    if draw(st.booleans()):
+        bank["cut_scores"] = [draw(EXTREME)]
+    return {"item_bank": bank}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(extreme_banks())
+def test_every_accepted_bank_compiles_to_finite_likelihoods(body):
+    # Refused at a path, or compiled: an accepted bank never fails later (a 500 to the client).
+    try:
+        instance = Instance.model_validate(body)
+    except ValidationError:
+        return
+    inst = engine.compile_instance(instance, grid_points=61)
+    likelihood = inst.likelihood
+    assert np.isfinite(likelihood).all() and (likelihood >= 0).all()
+    assert len(set(inst.hypothesis_ids)) == inst.n_hypotheses
 
 
 def test_an_item_bank_takes_no_other_form():
