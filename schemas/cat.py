@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictStr, model_validator
+from pydantic_core import PydanticCustomError
 
 from .api import MAX_OBSERVATIONS_PER_REQUEST, StepConfig
 
@@ -64,20 +65,76 @@ class CatValue(_Lenient):
 
 
 class CatCandidateResponse(_Lenient):
-    value: list[CatValue | StrictStr] = Field(default_factory=list)
+    """QTI's candidate response: its values; ``[]`` is the explicit no-response (a skip)."""
+
+    value: list[CatValue | StrictStr]
 
 
 class CatResponseVariable(_Lenient):
+    """A response variable, its values in either spelling: QTI results reporting's
+    ``candidateResponse: {"value": [...]}``, or the list directly under ``value`` (what OAT's
+    CAT client, oat-sa/lib-test-cat, writes). Exactly one of the two."""
+
     identifier: StrictStr
     candidateResponse: CatCandidateResponse | None = None
+    value: list[CatValue | StrictStr] | None = None
+
+
+# QTI's conventional name of an item's response variable.
+RESPONSE = "RESPONSE"
 
 
 class CatItemResult(_Lenient):
-    """One item's result: ``identifier`` is the item (a test of the instance); its response
-    variable (``RESPONSE``, or the only one) gives the outcome; no value at all is a skip."""
+    """One item's result: ``identifier`` is the item (a test of the instance). Its response
+    variables come as ``responseVariable`` (QTI results reporting) or ``responseVariables`` (OAT's
+    client), exactly one of the two; the answer is the variable named ``RESPONSE``, else the only
+    one, and its single value is the outcome label. A skip is that variable with an empty value
+    list. Anything else (no response variable, several and none named RESPONSE, a variable with
+    no values member, more than one value) cannot be read as an answer and is refused."""
 
     identifier: StrictStr = Field(min_length=1)
     responseVariable: list[CatResponseVariable] | None = None
+    responseVariables: list[CatResponseVariable] | None = None
+    # The answer read by the validator: the outcome label, or None for a skip.
+    _outcome: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _read_response(self) -> CatItemResult:
+        self._outcome = _outcome_of(self)
+        return self
+
+    @property
+    def outcome(self) -> str | None:
+        return self._outcome
+
+
+def _unreadable(message: str) -> PydanticCustomError:
+    return PydanticCustomError("unreadable_response", message)
+
+
+def _outcome_of(item: CatItemResult) -> str | None:
+    """The one parser of an item's response (see CatItemResult): the label, None for a skip."""
+    if (item.responseVariable is None) == (item.responseVariables is None):
+        raise _unreadable("an item result carries its response variables in responseVariable or in "
+                          "responseVariables (exactly one); a skip is the RESPONSE variable with no values "
+                          "(candidateResponse: {\"value\": []})")
+    variables = item.responseVariable if item.responseVariable is not None else item.responseVariables
+    named = [variable for variable in variables if variable.identifier == RESPONSE]
+    if len(named) > 1 or (not named and len(variables) != 1):
+        raise _unreadable(f"{len(variables)} response variables, {len(named)} of them named {RESPONSE}: "
+                          f"the answer is the one named {RESPONSE}, or the only one")
+    chosen = named[0] if named else variables[0]
+    if (chosen.candidateResponse is None) == (chosen.value is None):
+        raise _unreadable(f"response variable '{chosen.identifier}' gives its values in candidateResponse or "
+                          "in value (exactly one)")
+    values = chosen.candidateResponse.value if chosen.candidateResponse is not None else chosen.value
+    if not values:
+        return None
+    if len(values) > 1:
+        raise _unreadable(f"response variable '{chosen.identifier}' has {len(values)} values: an item's "
+                          "answer is one outcome label")
+    value = values[0] if isinstance(values[0], str) else values[0].value
+    return value if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 class CatAssessmentResultIn(_Lenient):

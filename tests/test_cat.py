@@ -39,12 +39,12 @@ def refused(response, status: int, problem: str) -> dict:
 
 
 def result(test: str, outcome: str | None) -> dict:
-    """A QTI item result answering ``test`` with ``outcome`` (None: no response, a skip)."""
-    item: dict = {"identifier": test, "sessionStatus": "final"}
-    if outcome is not None:
-        item["responseVariable"] = [{"identifier": "RESPONSE", "cardinality": "single", "baseType": "identifier",
-                                     "candidateResponse": {"value": [{"value": outcome}]}}]
-    return item
+    """A QTI item result answering ``test`` with ``outcome`` (None: the RESPONSE variable with no
+    value, a skip)."""
+    values = [] if outcome is None else [{"value": outcome}]
+    return {"identifier": test, "sessionStatus": "final",
+            "responseVariable": [{"identifier": "RESPONSE", "cardinality": "single", "baseType": "identifier",
+                                  "candidateResponse": {"value": values}}]}
 
 
 def results(*answers: tuple[str, str | None], state: str | None = None) -> dict:

@@ -111,6 +111,10 @@ CROSS_FIELD_RULES: dict[str, dict[str, Any]] = {
     "SessionCreate": {"oneOf": [_given(["instance_id"], ["instance"]), _given(["instance"], ["instance_id"])]},
     "SelectRequest": {"oneOf": [_given(["instance_id"], ["instance"]), _given(["instance"], ["instance_id"])]},
     "CatSectionConfig": {"oneOf": [_given(["instance_id"], ["instance"]), _given(["instance"], ["instance_id"])]},
+    # The two spellings of a CAT item's response (schemas/cat.py): one of each pair.
+    "CatItemResult": {"oneOf": [_given(["responseVariable"], ["responseVariables"]),
+                                _given(["responseVariables"], ["responseVariable"])]},
+    "CatResponseVariable": {"oneOf": [_given(["candidateResponse"], ["value"]), _given(["value"], ["candidateResponse"])]},
 }
 
 

@@ -1,10 +1,10 @@
 """Between QTI's results and the session domain's observations and states.
 
-In: each ``itemResult`` is an answer to the test its ``identifier`` names; its response variable
-(the one named ``RESPONSE``, else the only one) carries the outcome label as its first value; no
-response variable, or one without a value, is a skip. Out: a state becomes ``nextItems`` (the
-proposed tests, ``stageLength`` of them; none once the session is done) and an assessment
-result whose test-level outcome variables say where the session stands.
+In: each ``itemResult`` is an answer to the test its ``identifier`` names, with the outcome label
+its response variable carries (read by schemas/cat.py's CatItemResult; an empty value list is a
+skip). Out: a state becomes ``nextItems`` (the proposed tests, ``stageLength`` of them; none once
+the session is done) and an assessment result whose test-level outcome variables say where the
+session stands.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 from schemas.cat import CatItemResult
 from service.errors import ServiceError, SessionDone
 
-RESPONSE = "RESPONSE"  # QTI's conventional name of an item's response variable
 Answer = tuple[str, "str | None"]  # (test, outcome label); None is a skip
 
 
@@ -25,18 +24,7 @@ class ItemNotAsked(ServiceError):
 
 
 def answers_of(items: Sequence[CatItemResult]) -> list[Answer]:
-    return [(item.identifier, _outcome(item)) for item in items]
-
-
-def _outcome(item: CatItemResult) -> str | None:
-    variables = item.responseVariable or []
-    named = [v for v in variables if v.identifier == RESPONSE]
-    chosen = named[0] if named else variables[0] if len(variables) == 1 else None
-    if chosen is None or chosen.candidateResponse is None or not chosen.candidateResponse.value:
-        return None
-    first = chosen.candidateResponse.value[0]
-    value = first if isinstance(first, str) else first.value
-    return value if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+    return [(item.identifier, item.outcome) for item in items]
 
 
 def new_answers(state: dict[str, Any], answers: Sequence[Answer]) -> list[Answer]:

@@ -175,9 +175,11 @@ def create_session(sectionIdentifier: str) -> Response:
 @bp.post("/sections/<sectionIdentifier>/sessions/<sessionIdentifier>/results")
 @operation("catSubmitResults", TAG, "Submit the stage's results: the next stage (none once stopped), the state",
            description=("Each itemResult answers the item its identifier names with its RESPONSE variable's "
-                        "value (an outcome label); no value is a skip. Only items of the current stage may be "
-                        "answered (422 item-not-asked); a post repeating recorded answers changes nothing; new "
-                        "answers after the stop are 409. All or nothing: a refused post stores nothing."),
+                        "single value (an outcome label), the variables given as `responseVariable` or "
+                        "`responseVariables`, the values as `candidateResponse.value` or `value`; an empty value "
+                        "list is a skip, a response that cannot be read is 422. Only items of the current stage "
+                        "may be answered (422 item-not-asked); a post repeating recorded answers changes nothing; "
+                        "new answers after the stop are 409. All or nothing: a refused post stores nothing."),
            parameters=[SECTION_ID, SESSION_ID],
            body=request_body("CatResultsIn", "The assessment result, and the last sessionState",
                              {"assessmentResult": {"itemResult": [{"identifier": "ecg", "responseVariable": [
