@@ -294,3 +294,36 @@ def test_a_repeatable_item_counts_each_time_it_is_asked_and_a_retry_once(client,
         refused(client.post(session.url, json=body), 428, "precondition-required")
         assert stored_steps(client, session) == 1
     assert outcomes(session.answer(("swab", "neg")))["ITEMS_ANSWERED"] == "2"
+
+
+def test_browser_players_may_call_the_cat_paths_when_cors_is_on(app_config):
+    from service.app import create_app
+
+    origin = "https://player.example"
+    key = "k" * 32
+    client = create_app({**app_config, "cors_origins": origin, "api_keys": f"alpha:{key}"}).test_client()
+    keyed = {"Origin": origin, "Authorization": f"Bearer {key}"}
+    created = client.post(f"{BASE}/sections", json={"sectionConfiguration": {"instance": TRIAGE}}, headers=keyed)
+    assert created.status_code == 201 and created.headers["Access-Control-Allow-Origin"] == origin
+    assert "Location" in {h.strip() for h in created.headers["Access-Control-Expose-Headers"].split(",")}
+    section_id = created.get_json()["sectionIdentifier"]
+    results = f"{BASE}/sections/{section_id}/sessions/some-session/results"
+    preflight = client.options(results, headers={"Origin": origin, "Access-Control-Request-Method": "POST",
+                                                 "Access-Control-Request-Headers": "authorization, content-type"})
+    assert preflight.status_code == 200  # no key needed for a preflight
+    assert preflight.headers["Access-Control-Allow-Origin"] == origin
+    assert "POST" in preflight.headers["Access-Control-Allow-Methods"]
+    assert {"authorization", "content-type"} <= \
+        {h.strip().lower() for h in preflight.headers["Access-Control-Allow-Headers"].split(",")}
+    # A refusal in the standard's shape is readable by the page too; another origin gets no grant.
+    missing = client.post(results, json={"assessmentResult": {"itemResult": [result("ecg", "normal")]}}, headers=keyed)
+    refused(missing, 404, "session-not-found")
+    assert missing.headers["Access-Control-Allow-Origin"] == origin
+    other = client.get(f"{BASE}/sections/{section_id}", headers={**keyed, "Origin": "https://evil.example"})
+    assert other.status_code == 200 and "Access-Control-Allow-Origin" not in other.headers
+
+
+def test_no_cors_headers_on_the_cat_paths_by_default(client):
+    response = client.post(f"{BASE}/sections", json={"sectionConfiguration": {"instance": TRIAGE}},
+                           headers={"Origin": "https://player.example"})
+    assert response.status_code == 201 and "Access-Control-Allow-Origin" not in response.headers

@@ -262,12 +262,15 @@ def test_cors_allows_configured_origins_and_exposes_etag_and_retry_after(app_con
     assert "Access-Control-Allow-Origin" not in other.headers
 
 
-def test_a_preflight_allows_every_method_a_v1_route_answers(app_config):
+def test_a_preflight_allows_every_method_a_guarded_route_answers(app_config):
+    from service.api.security import PROTECTED_PREFIXES
+
     app = create_app({**app_config, "cors_origins": "https://triage.example"})
     client = app.test_client()
-    for rule in app.url_map.iter_rules():
-        if not rule.rule.startswith("/v1/"):
-            continue
+    guarded = [rule for rule in app.url_map.iter_rules() if rule.rule.startswith(PROTECTED_PREFIXES)]
+    assert {prefix for prefix in PROTECTED_PREFIXES if any(r.rule.startswith(prefix) for r in guarded)} == \
+        set(PROTECTED_PREFIXES)  # the API and each façade have routes here
+    for rule in guarded:
         path = re.sub(r"<(?:\w+:)?(\w+)>", "x", rule.rule)
         for method in rule.methods - {"HEAD", "OPTIONS"}:
             preflight = client.options(path, headers={"Origin": "https://triage.example",

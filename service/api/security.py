@@ -6,7 +6,8 @@
    ``Retry-After`` *before* its key is looked at, so guessing keys gets no faster by sending more;
 2. the tenant's rate limit (GCRA, service/store/ratelimit.py; kept where the store keeps its
    data): 429 with ``Retry-After``;
-3. CORS for browser front ends (flask-cors) on ``/v1`` and ``/fhir``, exposing ``ETag`` and ``Retry-After``.
+3. CORS for browser front ends (flask-cors) on the API and its façades (``PROTECTED_PREFIXES``:
+   ``/v1``, ``/ims/cat``, ``/fhir``) and ``/openapi.yaml``, exposing ``ETag`` and ``Retry-After``.
 
 Body limits are checked where the body is parsed (service/api/limits.py via parse_body).
 ``/fhir`` is guarded as ``/v1`` is, but for its CapabilityStatement (``/fhir/metadata``).
@@ -34,7 +35,7 @@ PROTECTED_PREFIXES = ("/v1/", "/ims/cat/", "/fhir/")
 OPEN_PATHS = ("/fhir/metadata",)
 EXPOSED_HEADERS = ["ETag", "Retry-After", "Location", "Idempotent-Replayed", "WWW-Authenticate"]
 ALLOWED_HEADERS = ["Authorization", "Content-Type", "If-Match", "Idempotency-Key"]
-# Every method a /v1 route answers (tests/test_security.py checks them against the routes).
+# Every method a route under PROTECTED_PREFIXES answers (tests/test_security.py checks them against the routes).
 ALLOWED_METHODS = ["GET", "PUT", "POST", "DELETE", "OPTIONS"]
 CORS_MAX_AGE = 600
 
@@ -94,8 +95,9 @@ def install(app: Flask, settings: Settings, store: SessionStore) -> None:
 
     if settings.cors_origins:
         origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
-        # /fhir too: SMART on FHIR apps run in the browser.
-        CORS(app, resources={r"/v1/*": {}, r"/fhir/*": {}, r"/openapi.yaml": {}},
+        # Every path an API key guards (SMART on FHIR apps and assessment players run in the
+        # browser too), and the contract a browser client reads first.
+        CORS(app, resources={**{prefix + "*": {} for prefix in PROTECTED_PREFIXES}, "/openapi.yaml": {}},
              origins="*" if "*" in origins else origins, expose_headers=EXPOSED_HEADERS,
              allow_headers=ALLOWED_HEADERS, methods=ALLOWED_METHODS,
              max_age=CORS_MAX_AGE, supports_credentials=False)
