@@ -327,3 +327,28 @@ def test_no_cors_headers_on_the_cat_paths_by_default(client):
     response = client.post(f"{BASE}/sections", json={"sectionConfiguration": {"instance": TRIAGE}},
                            headers={"Origin": "https://player.example"})
     assert response.status_code == 201 and "Access-Control-Allow-Origin" not in response.headers
+
+
+def test_a_session_answers_only_under_the_section_that_started_it(client, stateless):
+    own = section(client, {"instance": TRIAGE, "stateless": stateless})
+    session = Session(client, own)
+    others = [({"instance": TRIAGE, "max_tests": 1}, stateless),  # the same instance, other rules
+              ({"instance": TRIAGE, "policy": "infogain"}, stateless),
+              ({"instance": QUAD}, stateless),
+              ({"instance": TRIAGE}, not stateless)]  # the other kind of section
+    before = client.get(f"/v1/sessions/{session.id}")
+    for config, other_stateless in others:
+        url = f"{BASE}/sections/{section(client, {**config, 'stateless': other_stateless})}/sessions/{session.id}"
+        refused(client.post(url + "/results", json=results(("ecg", "normal"), state=session.state)),
+                404, "session-not-found")
+        if not other_stateless:  # a stateless section holds no session to end: 204 whatever the id
+            refused(client.delete(url), 404, "session-not-found")
+        refused(client.get(url), 405, "method-not-allowed")  # the binding has no read of a session
+    after = client.get(f"/v1/sessions/{session.id}")
+    if stateless:
+        assert before.status_code == after.status_code == 404  # nothing stored, nothing made
+    else:
+        assert after.headers["ETag"] == before.headers["ETag"]  # the same version: nothing changed
+        assert after.get_json()["history"] == [] and after.get_json()["step"] == 0
+    # Under its own section the session goes on (by hand: a normal ECG leaves reflux, home).
+    assert outcomes(session.answer(("ecg", "normal")))["CLASS"] == "home"

@@ -24,7 +24,7 @@ from service.store import DEFAULT_TENANT, SessionRecord, SessionStore
 
 from .commit import Writer
 from .corrections import Correct, Withdraw
-from .idempotency import replay
+from .idempotency import config_of, replay
 from .observations import Observe, labels_of
 from .pages import Deadline
 from .records import instance_of_session, session_record
@@ -110,24 +110,7 @@ class Sessions:
         # The inline instance is stored only once the request has passed every check (an unknown
         # policy must leave nothing behind).
         compiled = self._instance_of(request, tenant)
-        excluded = checked_exclusions(compiled, request)
-        engine.check_batch(compiled, request.batch_size)
-        # Last of the checks: auto's choice is stored once made. The record keeps it: a session
-        # never changes policy.
-        policy = self.auto.policy(compiled, request.policy, stop_rules(request), tenant)
-        now = self.clock()
-        record = SessionRecord(
-            session_id=secrets.token_urlsafe(SESSION_ID_BYTES), instance_id=compiled.content_hash,
-            policy=policy, max_tests=request.max_tests,
-            max_cost=None if request.max_cost is None else float(request.max_cost),
-            confidence=None if request.confidence is None else float(request.confidence),
-            max_expected_loss=None if request.max_expected_loss is None else float(request.max_expected_loss),
-            max_se=None if request.max_se is None else float(request.max_se),
-            randomesque=None if request.exposure is None else request.exposure.k,
-            sympson_hetter=True if request.exposure and request.exposure.method == "sympson_hetter" else None,
-            seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
-            exclude_tests=excluded, batch_size=request.batch_size,
-        )
+        record = self._record(request, compiled, secrets.token_urlsafe(SESSION_ID_BYTES), self.clock(), tenant)
         state = self.writer.state(record, compiled, explain)  # before storing: nothing is kept on failure
         if idempotency_key is not None:
             bound = self.store.idempotency_binding(idempotency_key, tenant)
@@ -144,6 +127,35 @@ class Sessions:
                 return replay(self.writer, bound, record, explain)
         SESSIONS_CREATED.inc()
         return SessionResult(state, record.version, created=True)
+
+    def _record(self, request: SessionCreate, compiled: engine.CompiledInstance, session_id: str, now: float,
+                tenant: str) -> SessionRecord:
+        """The session ``request`` creates, checked, not stored."""
+        excluded = checked_exclusions(compiled, request)
+        engine.check_batch(compiled, request.batch_size)
+        # Last of the checks: auto's choice is stored once made. The record keeps it: a session
+        # never changes policy.
+        policy = self.auto.policy(compiled, request.policy, stop_rules(request), tenant)
+        return SessionRecord(
+            session_id=session_id, instance_id=compiled.content_hash,
+            policy=policy, max_tests=request.max_tests,
+            max_cost=None if request.max_cost is None else float(request.max_cost),
+            confidence=None if request.confidence is None else float(request.confidence),
+            max_expected_loss=None if request.max_expected_loss is None else float(request.max_expected_loss),
+            max_se=None if request.max_se is None else float(request.max_se),
+            randomesque=None if request.exposure is None else request.exposure.k,
+            sympson_hetter=True if request.exposure and request.exposure.method == "sympson_hetter" else None,
+            seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
+            exclude_tests=excluded, batch_size=request.batch_size,
+        )
+
+    def created_by(self, session_id: str, request: SessionCreate, tenant: str = DEFAULT_TENANT) -> bool:
+        """Whether the stored session is one ``request`` creates (the same instance, policy and
+        rules): a façade that names sessions under a parent (a CAT section) checks the parent
+        with it. 404 when there is no such session."""
+        record = session_record(self.store, session_id, tenant)
+        expected = self._record(request, self._instance_of(request, tenant), session_id, record.created_at, tenant)
+        return config_of(record) == config_of(expected)
 
     def get(self, session_id: str, tenant: str = DEFAULT_TENANT, explain: bool = False) -> SessionResult:
         record = session_record(self.store, session_id, tenant)

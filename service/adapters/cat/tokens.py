@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -21,13 +22,16 @@ import orjson
 from pydantic import ValidationError
 
 from schemas.cat import CatSectionConfig
-from service.errors import ServiceError
+from service.errors import ServiceError, SessionNotFound
 
 # A section identifier travels in every URL of the section: kept well inside the request line's
 # 4 094 bytes (a long exclude_tests list is what could pass it).
 MAX_SECTION_ID_CHARS = 2048
 # Inflated size of a token, at most: a session's answers at their limit fit far below it.
 MAX_INFLATED_BYTES = 16 << 20
+# A stateless session's state names its section by this many hex digits of the section's SHA-256:
+# enough to tell a section's states from another's (the state is a check, not a secret).
+SECTION_DIGEST_CHARS = 16
 
 
 class SectionNotFound(ServiceError):
@@ -64,6 +68,10 @@ class Section:
         config = self.config.model_dump(mode="json", exclude_defaults=True, exclude={"instance"})
         return encode({"c": config, "i": self.inline})
 
+    def digest(self) -> str:
+        """The section, named in a stateless session's state (of its canonical identifier)."""
+        return hashlib.sha256(self.identifier().encode("ascii")).hexdigest()[:SECTION_DIGEST_CHARS]
+
 
 def section_of(identifier: str) -> Section:
     try:
@@ -81,30 +89,37 @@ def section_of(identifier: str) -> Section:
 @dataclass(frozen=True)
 class SessionState:
     """A stored session's state names its version (a retried results post is then answered as a
-    replay, and a stale one refused); a stateless one carries the answers so far."""
+    replay, and a stale one refused); a stateless one carries the answers so far and its section's
+    digest (a stored session's section is checked against the store instead)."""
 
     session_id: str
     version: int | None = None  # stored sessions
     answers: tuple[tuple[str, str | None], ...] = ()  # stateless sessions: (test, outcome or None)
+    section: str | None = None  # stateless sessions: Section.digest()
 
     def token(self) -> str:
         if self.version is not None:
             return encode({"s": self.session_id, "v": self.version})
-        return encode({"s": self.session_id, "o": [list(pair) for pair in self.answers]})
+        return encode({"s": self.session_id, "o": [list(pair) for pair in self.answers], "x": self.section})
 
 
-def session_state_of(token: str, session_id: str, stateless: bool) -> SessionState:
+def session_state_of(token: str, section: Section, session_id: str) -> SessionState:
+    """The state ``token`` carries, of the session named in the path. A stateless state of
+    another section names no session of this one (404, as a stored session of another section)."""
+    stateless = section.config.stateless
     try:
         data = decode(token)
         if not isinstance(data, dict) or data.get("s") != session_id:
             raise ValueError("not the CAT session's state")
+        if stateless and data.get("x") != section.digest():
+            raise SessionNotFound(f"no session '{session_id}' in this section (its state is another section's)")
         if stateless:
             answers = data.get("o")
             if not isinstance(answers, list) or not all(
                     isinstance(a, list) and len(a) == 2 and isinstance(a[0], str) and isinstance(a[1], (str, type(None)))
                     for a in answers):
                 raise ValueError("no answers")
-            return SessionState(session_id, answers=tuple((a[0], a[1]) for a in answers))
+            return SessionState(session_id, answers=tuple((a[0], a[1]) for a in answers), section=data["x"])
         version = data.get("v")
         if not isinstance(version, int) or isinstance(version, bool):
             raise ValueError("no version")

@@ -24,7 +24,7 @@ from service.api.duplicate_keys import refuse_duplicate_keys
 from service.api.errors import MalformedJson, RequestValidationFailed
 from service.api.limits import check_depth, check_request
 from service.api.responses import json_response
-from service.errors import LimitExceeded
+from service.errors import LimitExceeded, SessionNotFound
 
 from .results import Answer, answers_of, assessment_result, new_answers, next_items
 from .status import PREFIX
@@ -163,7 +163,7 @@ def create_session(sectionIdentifier: str) -> Response:
     if section.config.stateless:
         session_id = secrets.token_urlsafe(STATELESS_ID_BYTES)
         state = _select(section.config, [])
-        token = SessionState(session_id, answers=()).token()
+        token = SessionState(session_id, answers=(), section=section.digest()).token()
     else:
         created = sessions().create(_step_config(section.config, SessionCreate), None, tenant())
         state, session_id = created.state, created.state["session_id"]
@@ -189,6 +189,7 @@ def create_session(sectionIdentifier: str) -> Response:
                       **refusals(400, 404, 409, 410, 412, 413, 415, 422, 428, 500, 503)})
 def submit_results(sectionIdentifier: str, sessionIdentifier: str) -> Response:
     section = _section(sectionIdentifier)
+    _check_stored_session(section, sessionIdentifier)
     posted = parse_body(CatResultsIn)
     answers = answers_of(posted.assessmentResult.itemResult)
     # The limits /v1 holds observations to (their number, each label's length), before any is read.
@@ -196,15 +197,15 @@ def submit_results(sectionIdentifier: str, sessionIdentifier: str) -> Response:
     if section.config.stateless:
         if posted.sessionState is None:
             raise BadSessionState("a stateless section's results carry the sessionState the last answer gave")
-        before = session_state_of(posted.sessionState, sessionIdentifier, stateless=True)
+        before = session_state_of(posted.sessionState, section, sessionIdentifier)
         state = _select(section.config, before.answers)
         new = new_answers(state, answers)
         if new:
             state = _select(section.config, before.answers + tuple(new))
-        token = SessionState(sessionIdentifier, answers=before.answers + tuple(new)).token()
+        token = SessionState(sessionIdentifier, answers=before.answers + tuple(new), section=before.section).token()
     else:
-        given = None if posted.sessionState is None else session_state_of(posted.sessionState, sessionIdentifier,
-                                                                          stateless=False)
+        given = None if posted.sessionState is None else session_state_of(posted.sessionState, section,
+                                                                          sessionIdentifier)
         result = sessions().get(sessionIdentifier, tenant())
         new = new_answers(result.state, answers)
         if new:
@@ -222,5 +223,14 @@ def submit_results(sectionIdentifier: str, sessionIdentifier: str) -> Response:
 def end_session(sectionIdentifier: str, sessionIdentifier: str) -> Response:
     section = _section(sectionIdentifier)
     if not section.config.stateless:
+        _check_stored_session(section, sessionIdentifier)
         sessions().delete(sessionIdentifier, tenant())
     return no_content()
+
+
+def _check_stored_session(section: Section, session_id: str) -> None:
+    """A stored session answers only under the section that started it: one this section's
+    configuration would create (its instance, policy and rules); another's is 404, untouched."""
+    if not section.config.stateless and not sessions().created_by(
+            session_id, _step_config(section.config, SessionCreate), tenant()):
+        raise SessionNotFound(f"no session '{session_id}' in this section (it was started in another)")
