@@ -70,8 +70,8 @@ class CatCandidateResponse(_Lenient):
     value: list[CatValue | StrictStr]
 
 
-class CatResponseVariable(_Lenient):
-    """A response variable, its values in either spelling: QTI results reporting's
+class CatVariable(_Lenient):
+    """A response or outcome variable, its values in either spelling: QTI results reporting's
     ``candidateResponse: {"value": [...]}``, or the list directly under ``value`` (what OAT's
     CAT client, oat-sa/lib-test-cat, writes). Exactly one of the two."""
 
@@ -80,21 +80,28 @@ class CatResponseVariable(_Lenient):
     value: list[CatValue | StrictStr] | None = None
 
 
-# QTI's conventional name of an item's response variable.
+# QTI's conventional names of an item's response variable and of its score (an outcome variable).
 RESPONSE = "RESPONSE"
+SCORE = "SCORE"
 
 
 class CatItemResult(_Lenient):
-    """One item's result: ``identifier`` is the item (a test of the instance). Its response
-    variables come as ``responseVariable`` (QTI results reporting) or ``responseVariables`` (OAT's
-    client), exactly one of the two; the answer is the variable named ``RESPONSE``, else the only
-    one, and its single value is the outcome label. A skip is that variable with an empty value
-    list. Anything else (no response variable, several and none named RESPONSE, a variable with
-    no values member, more than one value) cannot be read as an answer and is refused."""
+    """One item's result: ``identifier`` is the item (a test of the instance). The answer is its
+    response: the response variables come as ``responseVariable`` (QTI results reporting) or
+    ``responseVariables`` (OAT's client), and the one read is the variable named ``RESPONSE``,
+    else the only one. An item result with no response variable is read by its score: the
+    outcome variable named ``SCORE`` (in ``outcomeVariable`` or ``outcomeVariables``; OAT's client
+    sends only that variable), whose value names the outcome (a score of 1.0 is the label "1":
+    an item bank's outcomes are its scores). The variable's single value is the outcome label; a
+    skip is that variable with an empty value list. Anything else (neither a response nor a
+    score, both spellings of a member, several variables and none named as above, a variable
+    with no values member, more than one value) cannot be read and is refused."""
 
     identifier: StrictStr = Field(min_length=1)
-    responseVariable: list[CatResponseVariable] | None = None
-    responseVariables: list[CatResponseVariable] | None = None
+    responseVariable: list[CatVariable] | None = None
+    responseVariables: list[CatVariable] | None = None
+    outcomeVariable: list[CatVariable] | None = None
+    outcomeVariables: list[CatVariable] | None = None
     # The answer read by the validator: the outcome label, or None for a skip.
     _outcome: str | None = PrivateAttr(default=None)
 
@@ -112,29 +119,53 @@ def _unreadable(message: str) -> PydanticCustomError:
     return PydanticCustomError("unreadable_response", message)
 
 
+def _one_of(item: CatItemResult, singular: str, plural: str) -> list[CatVariable] | None:
+    given = [getattr(item, name) for name in (singular, plural) if getattr(item, name) is not None]
+    if len(given) > 1:
+        raise _unreadable(f"an item result gives {singular} or {plural}, not both")
+    return given[0] if given else None
+
+
 def _outcome_of(item: CatItemResult) -> str | None:
-    """The one parser of an item's response (see CatItemResult): the label, None for a skip."""
-    if (item.responseVariable is None) == (item.responseVariables is None):
-        raise _unreadable("an item result carries its response variables in responseVariable or in "
-                          "responseVariables (exactly one); a skip is the RESPONSE variable with no values "
-                          "(candidateResponse: {\"value\": []})")
-    variables = item.responseVariable if item.responseVariable is not None else item.responseVariables
-    named = [variable for variable in variables if variable.identifier == RESPONSE]
-    if len(named) > 1 or (not named and len(variables) != 1):
-        raise _unreadable(f"{len(variables)} response variables, {len(named)} of them named {RESPONSE}: "
-                          f"the answer is the one named {RESPONSE}, or the only one")
-    chosen = named[0] if named else variables[0]
+    """The one parser of an item's answer (see CatItemResult): the label, None for a skip."""
+    responses = _one_of(item, "responseVariable", "responseVariables")
+    scores = _one_of(item, "outcomeVariable", "outcomeVariables")
+    if responses:
+        named = [variable for variable in responses if variable.identifier == RESPONSE]
+        if len(named) > 1 or (not named and len(responses) != 1):
+            raise _unreadable(f"{len(responses)} response variables, {len(named)} of them named {RESPONSE}: "
+                              f"the answer is the one named {RESPONSE}, or the only one")
+        chosen = named[0] if named else responses[0]
+    else:
+        # As OAT's client matches it: the name in any case.
+        named = [variable for variable in scores or () if variable.identifier.upper() == SCORE]
+        if len(named) != 1:
+            raise _unreadable(f"an item result without a response variable is read by its {SCORE} outcome "
+                              f"variable; it has {len(named)}. A skip is the {RESPONSE} variable with no values "
+                              "(candidateResponse: {\"value\": []})")
+        chosen = named[0]
     if (chosen.candidateResponse is None) == (chosen.value is None):
-        raise _unreadable(f"response variable '{chosen.identifier}' gives its values in candidateResponse or "
-                          "in value (exactly one)")
+        raise _unreadable(f"variable '{chosen.identifier}' gives its values in candidateResponse or in value "
+                          "(exactly one)")
     values = chosen.candidateResponse.value if chosen.candidateResponse is not None else chosen.value
     if not values:
         return None
     if len(values) > 1:
-        raise _unreadable(f"response variable '{chosen.identifier}' has {len(values)} values: an item's "
-                          "answer is one outcome label")
-    value = values[0] if isinstance(values[0], str) else values[0].value
-    return value if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+        raise _unreadable(f"variable '{chosen.identifier}' has {len(values)} values: an item's answer is one "
+                          "outcome label")
+    return _label(values[0] if isinstance(values[0], str) else values[0].value)
+
+
+def _label(value: str | int | float | bool) -> str:
+    """An outcome label from a QTI value: text as it is, a boolean as JSON writes it, a whole
+    number as an integer (a FLOAT score of 1.0 is "1"), another number as Python writes it."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 class CatAssessmentResultIn(_Lenient):

@@ -97,10 +97,12 @@ NORMAL = [{"value": "normal"}]
 # Responses that cannot be read as an answer, each refused rather than taken for a skip.
 UNREADABLE = {
     "no response variable": _without("responseVariables"),
-    "only the SCORE outcome variable (what lib-test-cat keeps)": {
-        "identifier": "ecg", "sessionStatus": "FINAL",
-        "outcomeVariables": [{"identifier": "SCORE", "cardinality": "single",
-                              "value": [{"baseType": "FLOAT", "value": 1}]}]},
+    "outcome variables without a SCORE": {"identifier": "ecg", "outcomeVariables": [
+        {"identifier": "COMPLETION", "value": [{"value": "completed"}]}]},
+    "two SCORE variables": {"identifier": "ecg", "outcomeVariables": [
+        {"identifier": "SCORE", "value": [{"value": 1}]}, {"identifier": "score", "value": [{"value": 0}]}]},
+    "both spellings of the outcome variables": {"identifier": "ecg", "outcomeVariable": [],
+                                                "outcomeVariables": [{"identifier": "SCORE", "value": [{"value": 1}]}]},
     "both spellings of the variables": {**_variable(candidateResponse={"value": NORMAL}),
                                         "responseVariables": [{"identifier": "RESPONSE", "value": NORMAL}]},
     "an empty list of variables": {"identifier": "ecg", "responseVariable": []},
@@ -133,3 +135,43 @@ def test_a_response_that_cannot_be_read_is_refused_and_nothing_is_stored(client,
         assert (after["step"], after["history"], after["next_tests"]) == (0, [], before["next_tests"])
     # The session goes on from where it was: the ECG is still the item to answer.
     assert outcomes(session.answer(("ecg", "normal")))["ITEMS_ANSWERED"] == "1"
+
+
+# A two-point θ grid either side of the cut, with an item so discriminating that its score
+# decides the level: by hand, P(right | θ = -1) = 1 / (1 + e^40) ≈ 4e-18, so a right answer
+# leaves "pass" with probability 1 - 4e-18 and a wrong one "fail" alike.
+SHARP_BANK = {"item_bank": {"items": [{"id": "q1", "model": "2PL", "a": 20, "b": 0}],
+                            "prior": {"grid": [-1, 1], "weights": [1, 1]}, "cut_scores": [0],
+                            "levels": ["fail", "pass"]}}
+
+
+def oat_score(item: str, score: float) -> dict:
+    """What lib-test-cat posts in practice: CatSession::filterItemResults keeps only the
+    variable named score, here an outcome variable with a FLOAT value."""
+    return {"identifier": item, "datestamp": "2026-01-05T10:00:00+0000", "sessionStatus": "FINAL",
+            "outcomeVariables": [{"identifier": "SCORE", "cardinality": "single",
+                                  "value": [{"baseType": "FLOAT", "value": score}]}]}
+
+
+@pytest.mark.parametrize("score, level", [(1.0, "pass"), (0.0, "fail")])
+def test_a_score_is_the_answer_when_no_response_is_sent(client, stateless, score, level):
+    session = Session(client, section(client, {"instance": SHARP_BANK, "stateless": stateless}))
+    assert session.items == ["q1"]
+    response = post(session, oat_score("q1", score))
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert outcomes(response.get_json())["CLASS"] == level
+    if not stateless:
+        assert [(h["test"], h["outcome"]) for h in history(client, session)] == [("q1", str(int(score)))]
+
+
+def test_a_response_is_read_before_a_score():
+    from schemas.cat import CatItemResult
+
+    both = {**oat_score("q1", 0.0), "responseVariables": [{"identifier": "RESPONSE", "value": [{"value": 1.0}]}]}
+    assert CatItemResult.model_validate(both).outcome == "1"
+
+
+def test_a_score_naming_no_outcome_is_refused_and_nothing_is_stored(client, stateless):
+    session = Session(client, section(client, {"instance": TRIAGE, "stateless": stateless}))
+    refused(post(session, oat_score("ecg", 1.0)), 422, "unknown-outcome")
+    assert stored_steps(client, session) == (None if stateless else 0)

@@ -114,7 +114,7 @@ CROSS_FIELD_RULES: dict[str, dict[str, Any]] = {
     # The two spellings of a CAT item's response (schemas/cat.py): one of each pair.
     "CatItemResult": {"oneOf": [_given(["responseVariable"], ["responseVariables"]),
                                 _given(["responseVariables"], ["responseVariable"])]},
-    "CatResponseVariable": {"oneOf": [_given(["candidateResponse"], ["value"]), _given(["value"], ["candidateResponse"])]},
+    "CatVariable": {"oneOf": [_given(["candidateResponse"], ["value"]), _given(["value"], ["candidateResponse"])]},
 }
 
 
