@@ -30,6 +30,7 @@ from service.engine import (
     AUTO,
     CompiledInstance,
     InfeasibleComputation,
+    RunResult,
     Recommendation,
     StopReason,
     StopRules,
@@ -339,31 +340,41 @@ def _shares(reasons: Sequence[str], weight: np.ndarray) -> dict[str, float]:
     return {label: value for label, value in pairs}
 
 
-def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEvaluation:
-    samples = truths.size
-    cost = np.empty(samples)
-    tests = np.empty(samples)
-    reasons: list[str] = []
-    trajectories: list[tuple[int, ...]] = []
-    decisions: list[int | None] = []
-    runs: list = []
-    tick = max(1, samples // 100)
+def simulate(inst: CompiledInstance, policy, rules: StopRules, seed: int, truths: np.ndarray,
+             check: Callable[[], None] | None = None, progress: Progress | None = None) -> list[RunResult]:
+    """One run of ``policy`` per true hypothesis in ``truths``, answers drawn from the likelihoods.
+
+    One generator per sample, keyed by (seed, sample): a policy's result does not depend on which
+    other policies are evaluated, or in which order. Exposure control draws per examinee, so each
+    run then has its own seed for it."""
+    runs = []
+    tick = max(1, truths.size // 100)
     for i, h in enumerate(truths.tolist()):
-        # One generator per sample, keyed by (seed, sample): a policy's result does not depend on
-        # which other policies are evaluated, or in which order.
-        # Exposure control draws per examinee, so each run has its own seed for it.
         run_seed = (seed << 32) + i if rules.randomesque is not None or rules.sympson_hetter else seed
-        run = run_policy(inst, h, policy, rules, run_seed, rng=np.random.default_rng([seed, i]), check=check)
-        cost[i] = run.cost
-        tests[i] = len(run.observations)
-        reasons.append(run.stop_reason.value)
-        trajectories.append(run.map_classes)
-        decisions.append(run.decision)
-        runs.append(run)
+        runs.append(run_policy(inst, h, policy, rules, run_seed, rng=np.random.default_rng([seed, i]), check=check))
         if progress and (i + 1) % tick == 0:
             progress(tick)
-    if progress and samples % tick:
-        progress(samples % tick)
+    if progress and truths.size % tick:
+        progress(truths.size % tick)
+    return runs
+
+
+def items_given(inst: CompiledInstance, runs: Sequence[RunResult]) -> np.ndarray:
+    """(N,): how many of ``runs`` gave each test (a repeated test counted once per run)."""
+    given = np.zeros(inst.n_tests)
+    for run in runs:
+        given[list({t for t, _ in run.observations})] += 1
+    return given
+
+
+def _monte_carlo(inst, policy, rules, seed, truths, check, progress) -> PolicyEvaluation:
+    samples = truths.size
+    runs = simulate(inst, policy, rules, seed, truths, check, progress)
+    cost = np.array([run.cost for run in runs])
+    tests = np.array([len(run.observations) for run in runs], dtype=float)
+    reasons = [run.stop_reason.value for run in runs]
+    trajectories = [run.map_classes for run in runs]
+    decisions = [run.decision for run in runs]
 
     true_class = inst.class_index[truths]
     # MAP class after k tests, held at its final value once the run has stopped: (samples, K+1).
@@ -406,9 +417,7 @@ def _item_bank_figures(inst: CompiledInstance, runs: list) -> dict:
     squared = np.array([(theta_estimate(observe(inst, run.observations))[0] - inst.theta[run.true_hypothesis]) ** 2
                         for run in runs])
     low, high = mean_interval(squared)
-    given = np.zeros(inst.n_tests)
-    for run in runs:
-        given[list({t for t, _ in run.observations})] += 1
+    given = items_given(inst, runs)
     top = int(np.argmax(given))
     return {"theta_rmse": math.sqrt(squared.mean()), "theta_rmse_ci": (math.sqrt(max(low, 0.0)), math.sqrt(high)),
             "top_exposure": float(given[top] / len(runs)), "top_exposure_item": inst.test_ids[top]}
