@@ -11,7 +11,7 @@ import sys
 
 from service import __version__
 
-COMMANDS = ("serve", "evaluate", "tree", "simulate", "play")
+COMMANDS = ("serve", "evaluate", "calibrate", "tree", "simulate", "play")
 
 
 def build_parser() -> argparse.ArgumentParser:

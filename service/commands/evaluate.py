@@ -20,6 +20,7 @@ from service.evaluation import (
     format_tables,
     work_units,
 )
+from service.settings import ConfigurationError, load_settings
 
 from .extras import MissingExtra, progress_bar, require_plotting
 
@@ -60,7 +61,9 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def add_stop_rules(parser: argparse.ArgumentParser) -> None:
+def add_stop_rules(parser: argparse.ArgumentParser, sympson_hetter: bool = True) -> None:
+    """The stop rules and exposure control (``sympson_hetter``: its flag too; calibrate-exposure
+    always applies it)."""
     parser.add_argument("--max-tests", type=int, default=None, help="stop after this many tests")
     parser.add_argument("--max-cost", type=float, default=None, help="never spend more than this")
     parser.add_argument("--confidence", type=float, default=None,
@@ -72,14 +75,16 @@ def add_stop_rules(parser: argparse.ArgumentParser) -> None:
                         help="item banks: stop once the posterior SD of θ is at most this")
     parser.add_argument("--randomesque", type=int, default=None, metavar="K",
                         help="exposure control: draw each test among the K best (seeded per run)")
-    parser.add_argument("--sympson-hetter", action="store_true",
-                        help="exposure control with the item bank's exposure_parameter (seeded per run)")
+    if sympson_hetter:
+        parser.add_argument("--sympson-hetter", action="store_true",
+                            help="exposure control with the item bank's exposure_parameter (seeded per run)")
 
 
 def stop_rules(args: argparse.Namespace) -> engine.StopRules:
     return engine.StopRules(max_tests=args.max_tests, max_cost=args.max_cost, confidence=args.confidence,
                             max_expected_loss=args.max_expected_loss, max_se=args.max_se,
-                            randomesque=args.randomesque, sympson_hetter=args.sympson_hetter)
+                            randomesque=args.randomesque,
+                            sympson_hetter=getattr(args, "sympson_hetter", False))
 
 
 def _names(text: str) -> list[str]:
@@ -91,6 +96,12 @@ class CommandError(Exception):
 
 
 def load_instance(path: Path) -> engine.CompiledInstance:
+    """The instance in ``path``, compiled as the service compiles it: an item bank on
+    ITEM_BANK_GRID_POINTS θ from the environment (the service's one settings object)."""
+    try:
+        grid_points = load_settings().item_bank_grid_points
+    except ConfigurationError as error:
+        raise CommandError(str(error)) from error
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
@@ -103,7 +114,7 @@ def load_instance(path: Path) -> engine.CompiledInstance:
             where = json_path(tuple(problem["loc"])) or "(top level)"
             lines.append(f"  {where}: {problem['msg']}")
         raise CommandError("\n".join(lines)) from error
-    return engine.compile_instance(instance)
+    return engine.compile_instance(instance, grid_points=grid_points)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,136 @@
+"""Sympson–Hetter calibration (``edgecut calibrate-exposure``): a calibrated bank's items are each
+given to at most about the target share of fresh examinees, counted here by running the engine
+item by item with answers from the 3PL formula; the calibration is reproducible from its seed;
+and ``edgecut evaluate`` compiles banks on ITEM_BANK_GRID_POINTS."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from schemas.instance import Instance
+from service import engine
+from service.cli import main
+from service.evaluation.exposure import calibrate_exposure
+
+RULES = engine.StopRules(max_tests=5)
+
+
+def bank_of(n_items=40, seed=3):
+    rng = np.random.default_rng(seed)
+    return {"item_bank": {"items": [{"id": f"q{j}", "model": "3PL", "a": float(rng.lognormal(0, 0.25)),
+                                     "b": float(rng.normal()), "c": float(rng.uniform(0, 0.25))}
+                                    for j in range(n_items)], "cut_scores": [0.0]}}
+
+
+def compiled(body):
+    return engine.compile_instance(Instance.model_validate(body))
+
+
+def with_parameters(body, parameters):
+    items = [{**item, "exposure_parameter": float(k)} for item, k in zip(body["item_bank"]["items"], parameters)]
+    return {"item_bank": {**body["item_bank"], "items": items}}
+
+
+def rates_given(body, examinees, first_seed, sympson_hetter=True):
+    """Each item's share of ``examinees`` given it: θ ~ N(0, 1), answers drawn from the 3PL
+    formula, each examinee's Sympson–Hetter coins from its own seed."""
+    inst = compiled(body)
+    policy = engine.resolve_policy(inst, None)
+    rules = RULES._replace(sympson_hetter=sympson_hetter)
+    rng = np.random.default_rng(first_seed)
+    items = body["item_bank"]["items"]
+    given = np.zeros(len(items))
+    for e in range(examinees):
+        theta = rng.normal()
+        observations: list = []
+        while not (decision := engine.decide(engine.observe(inst, observations), policy, rules,
+                                             seed=first_seed + e)).done:
+            item = items[decision.next_test]
+            right = item["c"] + (1 - item["c"]) / (1 + math.exp(-item["a"] * (theta - item["b"])))
+            observations.append((decision.next_test, int(rng.uniform() < right)))
+        given[[t for t, _ in observations]] += 1
+    return given / examinees
+
+
+def test_a_calibrated_bank_keeps_every_item_near_the_target_on_fresh_examinees():
+    body = bank_of()
+    plain = rates_given(body, 200, 10_000, sympson_hetter=False)
+    assert plain.max() == 1.0  # uncontrolled, the best first item goes to everyone
+    calibration = calibrate_exposure(compiled(body), 0.4, RULES, examinees=500, iterations=6, seed=1)
+    assert calibration.iterations[0].top_rate == 1.0 and (calibration.iterations[0].exposure_parameters == 1).all()
+    parameters = calibration.exposure_parameters
+    assert 0.4 <= parameters.min() < 1 and parameters.max() == 1.0
+    fresh = rates_given(with_parameters(body, parameters), 600, 50_000)
+    # The target plus sampling noise: the calibration's own (the top of 40 rates measured on 500
+    # examinees) and this count's (on 600, one standard error is 0.02).
+    assert fresh.max() <= 0.4 + 0.1
+    assert abs(fresh.sum() - 5) < 1e-9  # every examinee still given five items
+
+
+def test_calibration_is_reproducible_from_its_seed():
+    inst = compiled(bank_of())
+    first = calibrate_exposure(inst, 0.4, RULES, examinees=100, iterations=2, seed=7)
+    again = calibrate_exposure(inst, 0.4, RULES, examinees=100, iterations=2, seed=7)
+    other = calibrate_exposure(inst, 0.4, RULES, examinees=100, iterations=2, seed=8)
+    assert first.exposure_parameters.tolist() == again.exposure_parameters.tolist()
+    assert first.exposure_parameters.tolist() != other.exposure_parameters.tolist()
+
+
+def test_every_item_keeps_k_at_one_when_the_test_needs_them_all():
+    # 6 items, 5 asked, a target of 0.1: at most one item can be held back, so at least five
+    # parameters stay at 1 and every examinee is given a whole test.
+    body = bank_of(6)
+    calibration = calibrate_exposure(compiled(body), 0.1, RULES, examinees=100, iterations=3, seed=0)
+    for step in calibration.iterations:
+        assert np.count_nonzero(step.exposure_parameters == 1.0) >= 5
+        assert abs(step.given_rate.sum() - 5) < 1e-9
+
+
+def test_the_command_writes_the_bank_with_its_parameters(tmp_path, capsys):
+    body = bank_of()
+    path = tmp_path / "bank.json"
+    path.write_text(json.dumps(body))
+    arguments = ["--max-rate", "0.4", "--max-tests", "5", "--examinees", "100", "--iterations", "2", "--seed", "3"]
+    assert main(["calibrate-exposure", str(path), *arguments, "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    written = json.loads(out)
+    expected = calibrate_exposure(compiled(body), 0.4, RULES, examinees=100, iterations=2, seed=3)
+    assert [item["exposure_parameter"] for item in written["item_bank"]["items"]] == \
+        expected.exposure_parameters.tolist()
+    assert compiled(written).exposure_parameters.tolist() == expected.exposure_parameters.tolist()
+    assert err.count("top exposure") == 2
+
+
+@pytest.mark.parametrize("arguments", [["--max-rate", "0"], ["--max-rate", "1.5"],
+                                       ["--max-rate", "0.3", "--examinees", "0"]])
+def test_the_command_refuses_bad_arguments(tmp_path, capsys, arguments):
+    path = tmp_path / "bank.json"
+    path.write_text(json.dumps(bank_of()))
+    assert main(["calibrate-exposure", str(path), *arguments, "--no-progress"]) == 2
+    assert "edgecut: error:" in capsys.readouterr().err
+
+
+def test_the_command_refuses_an_instance_without_items(tmp_path, capsys):
+    path = tmp_path / "instance.json"
+    path.write_text(json.dumps({"tests": [{"id": "t", "outcomes": ["0", "1"]}],
+                                "hypotheses": [{"id": "a", "class": "x", "outcomes": {"t": "0"}},
+                                               {"id": "b", "class": "y", "outcomes": {"t": "1"}}]}))
+    assert main(["calibrate-exposure", str(path), "--max-rate", "0.3", "--no-progress"]) == 2
+    assert "not an item bank" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("points", [None, "7"])
+def test_evaluate_compiles_banks_on_the_grid_setting(tmp_path, capsys, monkeypatch, points):
+    if points is None:
+        monkeypatch.delenv("ITEM_BANK_GRID_POINTS", raising=False)
+    else:
+        monkeypatch.setenv("ITEM_BANK_GRID_POINTS", points)
+    path = tmp_path / "bank.json"
+    path.write_text(json.dumps(bank_of(5)))
+    assert main(["evaluate", str(path), "--policies", "infogain", "--samples", "10", "--max-tests", "1",
+                 "--format", "json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_hypotheses"] == (61 if points is None else 7)
