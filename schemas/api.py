@@ -187,6 +187,9 @@ class EvaluateRequest(_Request):
     max_cost: MaxCost | None = None
     confidence: Confidence | None = None
     max_expected_loss: MaxExpectedLoss | None = None
+    # As a session's: a stop rule on item banks, and exposure control drawn per simulated examinee.
+    max_se: MaxSE | None = None
+    exposure: Exposure | None = None
     samples: Annotated[StrictInt, Field(ge=1)] = 2000
     seed: Seed = 0
     optimum: StrictBool = True

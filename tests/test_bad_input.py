@@ -207,6 +207,8 @@ CATALOGUE = [
     Bad("repeated key in an observation", OBS, b'{"test": "ecg", "test": "troponin", "outcome": "low"}'),
     Bad("evaluate: max_cost as a string", "/v1/instances/{iid}/evaluate", {"max_cost": "5"}),
     Bad("evaluate: confidence true", "/v1/instances/{iid}/evaluate", {"confidence": True}),
+    Bad("evaluate: max_se 0", "/v1/instances/{iid}/evaluate", {"max_se": 0}),
+    Bad("evaluate: randomesque without k", "/v1/instances/{iid}/evaluate", {"exposure": {"method": "randomesque"}}),
     Bad("evaluate past EVALUATION_TIME_LIMIT", "/v1/instances/{iid}/evaluate", {"policies": ["ec2"]}, 422,
         "evaluation-limit"),
     Bad("tree past EVALUATION_TIME_LIMIT", "/v1/instances/{iid}/tree?policy=ec2", None, 422, "evaluation-limit",

@@ -17,6 +17,7 @@ from schemas.api import EvaluateRequest
 from service import engine
 from service.evaluation import EvaluationLimits, evaluate
 from service.evaluation import trees
+from service.sessions import stop_rules
 from service.settings import Settings
 
 from .context import services, sessions, tenant
@@ -65,8 +66,7 @@ def evaluate_policies(instance_id: str) -> Response:
         time_limit=settings.evaluation_time_limit,
         max_policy_cells=settings.evaluation_max_policy_cells,
     )
-    rules = engine.StopRules(max_tests=body.max_tests, max_cost=body.max_cost, confidence=body.confidence,
-                             max_expected_loss=body.max_expected_loss)
+    rules = stop_rules(body)
     # What auto resolves to under these rules, when it is evaluated or every policy is.
     auto = None
     if body.policies is None or engine.AUTO in body.policies:

@@ -110,7 +110,7 @@ class EvaluationReport:
     n_tests: int
     n_classes: int
     p_min: float
-    rules: dict[str, float | int | None]
+    rules: dict[str, float | int | bool | None]
     seed: int
     policies: list[PolicyEvaluation]
     # The exact optimum c(π*) (deterministic instances, when the DP fits), or why it is missing.
@@ -192,7 +192,9 @@ def evaluate(
         p_min=inst.p_min,
         rules={"max_tests": rules.max_tests, "max_cost": rules.max_cost,
                "confidence": rules.effective_confidence(inst), "max_expected_loss": rules.max_expected_loss,
-               **({} if rules.max_se is None else {"max_se": rules.max_se})},
+               **({} if rules.max_se is None else {"max_se": rules.max_se}),
+               **({} if rules.randomesque is None else {"randomesque": rules.randomesque}),
+               **({"sympson_hetter": True} if rules.sympson_hetter else {})},
         seed=seed, policies=results, optimum=opt, optimum_note=note,
         ec2_bound=log_p_min_bound(inst) if inst.kind == "deterministic" and not inst.is_decision else None,
         elapsed_seconds=time.monotonic() - started,

@@ -13,7 +13,7 @@ Where each concern lives:
 * ``records.py`` — reading a record and its instance back from the store.
 """
 
-from .domain import Sessions
+from .domain import Sessions, stop_rules
 from .state import SessionResult, instance_summary
 
-__all__ = ["SessionResult", "Sessions", "instance_summary"]
+__all__ = ["SessionResult", "Sessions", "instance_summary", "stop_rules"]

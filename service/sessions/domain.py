@@ -13,7 +13,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 
-from schemas.api import ObservationCorrection, SelectRequest, SessionCreate, StepConfig
+from schemas.api import EvaluateRequest, ObservationCorrection, SelectRequest, SessionCreate, StepConfig
 from schemas.responses import AutoChoice, InstanceDetail, InstanceList, InstanceSummary
 from schemas.instance import Instance
 from service import engine
@@ -205,7 +205,8 @@ class Sessions:
         return step_json(self.steps.compute(compiled, key), compiled, explain)
 
 
-def stop_rules(config: StepConfig) -> engine.StopRules:
+def stop_rules(config: StepConfig | EvaluateRequest) -> engine.StopRules:
+    """The stop rules and exposure control a session, a select or an evaluation asks for."""
     return engine.StopRules(config.max_tests, None if config.max_cost is None else float(config.max_cost),
                             None if config.confidence is None else float(config.confidence),
                             None if config.max_expected_loss is None else float(config.max_expected_loss),
