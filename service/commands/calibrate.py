@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not calibration.reached:
         print(f"edgecut: the top rate is still above {args.max_rate:g} after {args.iterations} iterations: "
-              "the bank's parameters are the last iteration's (more --iterations or --examinees may reach it)",
-              file=sys.stderr)
+              "the parameters written are those of the iteration with the lowest top rate (more --iterations "
+              "or --examinees, or a bank with more items, may reach it)", file=sys.stderr)
     body = json.loads(args.instance.read_text(encoding="utf-8"))
     for item in body["item_bank"]["items"]:
         item["exposure_parameter"] = float(calibration.exposure_parameters[inst.test_index[item["id"]]])
