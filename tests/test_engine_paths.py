@@ -117,6 +117,15 @@ def assert_stats_match_definition(belief: engine.Belief, wanted: frozenset[str],
         np.testing.assert_allclose(got, value, rtol=1e-9, atol=1e-12, err_msg=f"{what}: {name}")
 
 
+def test_xlog2x_is_x_log2_x_with_0_at_0():
+    # Against math.log2 one number at a time: the sums of α above are checked with xlog2x itself.
+    values = np.array([[0.0, 1e-300, 0.25, 0.5], [1.0, 3.0, 1e-17, 0.0]])
+    expected = [x * math.log2(x) if x > 0 else 0.0 for x in values.ravel().tolist()]
+    assert xlog2x(values).shape == values.shape
+    assert xlog2x(values).ravel().tolist() == pytest.approx(expected, rel=1e-15, abs=0)
+    assert xlog2x(np.zeros(0)).shape == (0,)
+
+
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("kind", ["deterministic", "likelihood"])
 @pytest.mark.parametrize("own_classes", [True, False], ids=["class=hypothesis", "classes"])

@@ -536,9 +536,12 @@ def test_every_hypothesis_its_own_class_agrees_with_the_reference(kind, policy, 
 # 3-row blocks, so big classes span several blocks and runs of small classes are cut into blocks of
 # whole classes (one class larger than a block is a block alone). "dense" is the whole-α path these
 # small instances take by default (class sums by one GEMM), "dense, padded runs" the same with the
-# classes' rows padded to the longest class, "dense, per-class sums" with np.add.reduceat.
+# classes' rows padded to the longest class, "dense, per-class sums" with np.add.reduceat. The
+# passes over likelihood rows (ECED, infogain) sum a block's classes by one GEMM on these sizes;
+# "tiny blocks, classes by runs" takes sum_runs instead.
 PATH_SETTINGS = {"dense": None, "dense, padded runs": None, "dense, per-class sums": None,
                  "streamed": (None, None, None), "tiny blocks": (4, 3, None),
+                 "tiny blocks, classes by runs": (4, 3, None),
                  "big classes split over two threads": (4, 40, 0)}
 
 
@@ -588,6 +591,8 @@ def test_big_and_small_classes_mixed_agree_with_the_reference(kind, policy, sett
         if setting == "dense, padded runs":
             monkeypatch.setattr(alpha_module, "_PADDED_RUNS", 1)
             monkeypatch.setattr(alpha_module, "_PADDED_GROWTH", math.inf)
+        if setting == "tiny blocks, classes by runs":
+            monkeypatch.setattr(statistics_module, "_CLASS_PRODUCT_FLOPS", 0)
         if setting == "dense, per-class sums":
             monkeypatch.setattr(alpha_module, "_PADDED_RUNS", math.inf)
             monkeypatch.setattr(alpha_module, "_DENSE_FLOPS", 0)

@@ -22,7 +22,7 @@ import numpy as np
 
 from .alpha import reduce_over_classes
 from .belief import CLASS_REDUCTIONS, Belief, OutcomeStats, xlog2x
-from .compiled import CompiledInstance, sum_runs
+from .compiled import CompiledInstance, class_runs, sum_runs
 from .regions import PowerSums, power_sums, region_sets
 
 
@@ -82,12 +82,17 @@ class LikelihoodRatioSums(NamedTuple):
 
 # Numbers per block of rows in the passes below: a block and what is computed from it stay in cache.
 _RATIO_BLOCK_CELLS = 1 << 17
+# A block's per-class sums are one GEMM with the (classes × rows) matrix of weights up to this many
+# multiplications (classes × rows × numbers per row), else sum_runs: a few classes of many rows
+# cost a third of sum_runs's time that way (61 rows × 600 numbers in 3 classes, 15 against 30 µs),
+# many short classes less by sum_runs (measured from 61 × 600 to 600 × 200).
+_CLASS_PRODUCT_FLOPS = 1 << 20
 
 
 class _RowBlock(NamedTuple):
     rows: slice | np.ndarray  # the block's rows of the instance
     weight: np.ndarray  # (r,) a(h) = w(h)/M
-    classes: np.ndarray  # (r,) class of each row, in runs
+    run: np.ndarray  # (r,) each row's class, numbered by runs of rows (non-decreasing)
     alone: np.ndarray  # (r,) bool: the row is the only alive hypothesis of its class
     continues: bool  # the block's last class goes on in the next block
 
@@ -97,27 +102,34 @@ def _row_blocks(belief: Belief, block_cells: int):
     inst = belief.instance
     alive = belief.alive
     full = alive.size == inst.n_hypotheses
-    classes = inst.class_index if full else inst.class_index[alive]
-    changes = np.flatnonzero(classes[1:] != classes[:-1]) + 1
-    lengths = np.diff(np.concatenate(([0], changes, [alive.size])))
-    alone = np.repeat(lengths == 1, lengths)
+    runs = inst.class_runs if full else class_runs(inst.class_index[alive])  # the instance's: kept on it
+    alone = (np.bincount(runs.run, minlength=runs.count) == 1)[runs.run]
     total = belief.total_mass
     weight = belief.mass if total == 1.0 else belief.mass / total
     block_rows = max(1, block_cells // (inst.n_tests * inst.max_outcomes))
     for start in range(0, alive.size, block_rows):
         stop = min(alive.size, start + block_rows)
         rows = slice(start, stop) if full else alive[start:stop]
-        yield _RowBlock(rows, weight[start:stop], classes[start:stop], alone[start:stop],
-                        stop < alive.size and classes[stop] == classes[stop - 1])
+        yield _RowBlock(rows, weight[start:stop], runs.run[start:stop], alone[start:stop],
+                        stop < alive.size and runs.run[stop] == runs.run[stop - 1])
 
 
-def _class_sums(values: np.ndarray, classes: np.ndarray, carried: np.ndarray | None,
+def _class_sums(values: np.ndarray, run: np.ndarray, weight: np.ndarray, carried: np.ndarray | None,
                 continues: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """Sums of the rows of ``values`` per class (the classes in runs): (the sums of the classes
-    that end here, the running sum of the last class when it ``continues`` in the next block).
-    ``carried``: the running sum of the first class, begun in the block before."""
-    firsts = np.concatenate(([0], np.flatnonzero(classes[1:] != classes[:-1]) + 1))
-    per_class = sum_runs(values, firsts)
+    """Sums of the rows of ``values`` times ``weight`` per class, ``run`` numbering the rows'
+    classes (non-decreasing): (the sums of the classes that end here, the running sum of the last
+    class when it ``continues`` in the next block). ``carried``: the running sum of the first
+    class, begun in the block before."""
+    starts = run[1:] != run[:-1]
+    count = int(np.count_nonzero(starts)) + 1
+    if count * values.size <= _CLASS_PRODUCT_FLOPS:
+        class_of_row = np.zeros(run.size, dtype=np.intp)
+        np.cumsum(starts, out=class_of_row[1:])
+        class_weights = np.zeros((count, run.size))
+        class_weights[class_of_row, np.arange(run.size)] = weight
+        per_class = class_weights @ values
+    else:
+        per_class = sum_runs(values, np.concatenate(([0], np.flatnonzero(starts) + 1)), weight=weight)
     if carried is not None:
         per_class[0] += carried
     if continues:
@@ -157,7 +169,7 @@ def _likelihood_ratio_sums(belief: Belief, reductions: OutcomeStats | None) -> L
         ratio_mass += w @ ratios
         together = ~block.alone
         if together.any():
-            done, carried = _class_sums(w[together, None] * ratios[together], block.classes[together], carried,
+            done, carried = _class_sums(ratios[together], block.run[together], w[together], carried,
                                         block.continues)
             ratio_sum_sq += np.einsum("cj,cj->j", done, done)
             w = np.where(block.alone, w, 0.0)
@@ -190,8 +202,9 @@ def _entropy_sums(belief: Belief, reductions: OutcomeStats | None) -> EntropySum
 
     a GEMV against the instance's table H(X_t | h) (:attr:`~.compiled.CompiledInstance.outcome_entropy`),
     Σ_x P(x | h, t) being 1 (compile_instance normalises every row). The other classes sum their
-    rows first (a class cut by a block's end carried into the next) and take a log₂ a of the sums.
-    Deterministic instances: Σ_x of the reduction ``sum_xlogx`` of α."""
+    weighted rows first (a GEMV per long class; a class cut by a block's end carried into the
+    next) and take a log₂ a of the sums; their sums are also their part of p, so each row is read
+    once. Deterministic instances: Σ_x of the reduction ``sum_xlogx`` of α."""
     inst = belief.instance
     if inst.outcomes is not None:
         return EntropySums(reductions.p, reductions.sum_xlogx.sum(axis=1))
@@ -203,14 +216,20 @@ def _entropy_sums(belief: Belief, reductions: OutcomeStats | None) -> EntropySum
     for block in _row_blocks(belief, _RATIO_BLOCK_CELLS):
         rows, w = len(block.weight), block.weight
         flat = by_outcome[block.rows].reshape(rows, -1)
-        p += w @ flat
-        together = ~block.alone
-        if together.any():
-            done, carried = _class_sums(w[together, None] * flat[together], block.classes[together], carried,
-                                        block.continues)
+        alone_weight = w
+        if not block.alone.all():
+            together = ~block.alone
+            everyone = together.all()  # no copies of the block then
+            done, carried = _class_sums(flat if everyone else flat[together],
+                                        block.run if everyone else block.run[together],
+                                        w if everyone else w[together], carried, block.continues)
+            p += done.sum(axis=0)
             sum_xlogx += xlog2x(done).sum(axis=0).reshape(width, n_tests).sum(axis=0)
-            w = np.where(block.alone, w, 0.0)
-        sum_xlogx += xlog2x(w).sum() - w @ entropy[block.rows]
+            if everyone:
+                continue
+            alone_weight = np.where(block.alone, w, 0.0)
+        p += alone_weight @ flat
+        sum_xlogx += xlog2x(alone_weight).sum() - alone_weight @ entropy[block.rows]
     return EntropySums(p.reshape(width, n_tests).T, sum_xlogx)
 
 
