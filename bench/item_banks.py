@@ -3,6 +3,8 @@
     pip install -c constraints.txt -e '.[bench]'        # catsim 0.21
     python3 -m bench.item_banks                          # 300 items, 2,000 examinees
     python3 -m bench.item_banks --examinees 200          # a quick look
+    python3 -m bench.item_banks --only times             # the time per selection alone (~10 s)
+    python3 -m bench.item_banks --only variants          # fixed length under each grid, policy, level read
 
 The bank is drawn as the CAT literature does: a ~ lognormal(0, 0.25), b ~ N(0, 1),
 c ~ U(0, 0.25), scaling D = 1; examinees' θ ~ N(0, 1), continuous (not grid points). Both sides
@@ -28,7 +30,10 @@ items, and the largest threshold (shortest tests) whose accuracy reaches edgecut
 cut scores (each grid point its own class), EAP RMSE after 10 and 20 items against catsim's
 MLE RMSE, with intervals. Time per selection: the median of one choice of the next item
 (edgecut: one ``engine.decide`` on the carried belief; catsim: one ``select``) at 300 and 3,000
-items, measured in the same run on the shared machine.
+items, measured in the same run on the shared machine (``--only times`` runs it alone). Variants
+(``--only variants``, not part of the full run): fixed length 10 and 20 on finer grids, with
+other policies, on cells whose boundaries fall on the cut scores, each read as the class
+posterior's argmax and as the level holding θ̂ EAP, against the same catsim runs.
 
 Exposure control (``--only exposure`` runs it alone): fixed length 20 at the two cut scores,
 without control, with randomesque k = 5, and with Sympson–Hetter parameters set by
@@ -203,6 +208,57 @@ def estimation(args, params, theta, right, catsim_estimates: np.ndarray) -> str:
     return table(["items", f"edgecut EAP ({policy.name}, θ grid as classes)", "catsim MLE", "edgecut / catsim"], rows)
 
 
+def catsim_estimates(args, right, catsim_parts, max_items: int) -> np.ndarray:
+    """(examinees, max_items): catsim's θ̂ after each item."""
+    return np.array([catsim_run(*catsim_parts, right[e], max_items)[0] for e in range(right.shape[0])])
+
+
+def cut_aligned_prior(cells: int) -> dict:
+    """The N(0, 1) prior on ``cells`` cells over ±4 whose boundaries fall on the cut scores (each
+    level tiled by cells of one width, about 8/cells), as a given grid: each cell's centre weighted
+    by the prior's mass in it. On the evenly spaced grid a cut falls inside a cell, whose whole
+    mass goes to one level (at 61 points the grid point 0.7999… sits below the cut 0.8 and counts
+    as proficient), so the class posterior's levels are offset by up to half a step."""
+    bounds = [-4.0, *CUTS, 4.0]
+    edges = [np.linspace(low, high, max(1, round((high - low) * cells / 8)) + 1)[:-1]
+             for low, high in zip(bounds[:-1], bounds[1:])]
+    edges = np.append(np.concatenate(edges), 4.0)
+    mass = np.diff([0.5 * (1 + math.erf(x / math.sqrt(2))) for x in edges])
+    return {"grid": ((edges[:-1] + edges[1:]) / 2).tolist(), "weights": mass.tolist()}
+
+
+def fixed_length_variants(args, params, theta, right, estimates: np.ndarray) -> str:
+    """Fixed length 10 and 20 under each choice that could move edgecut's accuracy: the θ grid
+    (ITEM_BANK_GRID_POINTS, or cells whose boundaries fall on the cut scores), the policy, and the
+    level reported (the class posterior's argmax, or the level holding θ̂ EAP). Each cell: edgecut's
+    accuracy and its paired difference with catsim's (the same examinees and coins)."""
+    truth = level_of(theta)
+    theirs = {length: level_of(estimates[:, length - 1]) == truth for length in (10, 20)}
+    rows = []
+    for label, points, prior, name in (("61 points (default)", 61, None, "infogain"),
+                                       ("121 points", 121, None, "infogain"),
+                                       ("201 points", 201, None, "infogain"),
+                                       ("61 points", 61, None, "effecxtive"),
+                                       ("61 points", 61, None, "eced"),
+                                       ("60 cells on the cuts", None, cut_aligned_prior(60), "infogain")):
+        wire = item_bank(params, CUTS)
+        if prior is not None:
+            wire["item_bank"]["prior"] = prior
+        inst = engine.compile_instance(Instance.model_validate(wire), grid_points=points or 61)
+        policy = engine.resolve_policy(inst, name)
+        runs = [edgecut_run(inst, policy, engine.StopRules(max_tests=20), right[e]) for e in range(theta.size)]
+        cells = []
+        for length in (10, 20):
+            argmax = np.array([classes[length] for classes, _, _ in runs]) == truth
+            eap = level_of(np.array([eaps[length] for _, eaps, _ in runs])) == truth
+            cells += [f"{ours.mean():.1%} ({paired_cell(ours, theirs[length])})" for ours in (argmax, eap)]
+        rows.append([label, name, *cells])
+    header = ["θ grid", "policy", "10 items, argmax", "10 items, EAP's level", "20 items, argmax",
+              "20 items, EAP's level"]
+    return (table(header, rows) + f"\n\ncatsim (max info, MLE): 10 items {accuracy_cell(theirs[10])}, "
+            f"20 items {accuracy_cell(theirs[20])}")
+
+
 AREAS = {"number": 0.5, "algebra": 0.3, "geometry": 0.2}
 
 
@@ -319,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-items", type=int, default=60, help="longest variable-length test (both sides)")
     parser.add_argument("--timed", type=int, default=200, help="selections timed per bank size")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=("exposure",), default=None, help="one section alone")
+    parser.add_argument("--only", choices=("exposure", "times", "variants"), default=None, help="one section alone")
     parser.add_argument("--calibration-examinees", type=int, default=1000,
                         help="Sympson–Hetter calibration: simulated examinees per iteration")
     parser.add_argument("--calibration-iterations", type=int, default=10,
@@ -347,6 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "exposure":
         print("## Exposure control\n\n" + exposure(args, params, theta, right) + "\n")
         print(f"({time.perf_counter() - started:.0f} s)")
+        return 0
+    if args.only == "times":
+        print("## Time per selection\n\n" + selection_times(args, catsim) + "\n")
+        return 0
+    if args.only == "variants":
+        estimates = catsim_estimates(args, right, parts, 20)
+        print("## Fixed length: grid, policy, reported level\n\n"
+              + fixed_length_variants(args, params, theta, right, estimates) + "\n")
         return 0
     tables, found = classification(args, params, theta, right, parts)
     print("## Classification at two cut scores\n\n" + tables + "\n")
