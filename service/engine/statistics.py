@@ -84,7 +84,7 @@ class LikelihoodRatioSums(NamedTuple):
 _RATIO_BLOCK_CELLS = 1 << 17
 # A block's per-class sums are one GEMM with the (classes × rows) matrix of weights up to this many
 # multiplications (classes × rows × numbers per row), else sum_runs: a few classes of many rows
-# cost a third of sum_runs's time that way (61 rows × 600 numbers in 3 classes, 15 against 30 µs),
+# cost half of sum_runs's time that way (61 rows × 600 numbers in 3 classes, 15 against 30 µs),
 # many short classes less by sum_runs (measured from 61 × 600 to 600 × 200).
 _CLASS_PRODUCT_FLOPS = 1 << 20
 
@@ -202,7 +202,7 @@ def _entropy_sums(belief: Belief, reductions: OutcomeStats | None) -> EntropySum
 
     a GEMV against the instance's table H(X_t | h) (:attr:`~.compiled.CompiledInstance.outcome_entropy`),
     Σ_x P(x | h, t) being 1 (compile_instance normalises every row). The other classes sum their
-    weighted rows first (a GEMV per long class; a class cut by a block's end carried into the
+    weighted rows first (:func:`_class_sums`; a class cut by a block's end carried into the
     next) and take a log₂ a of the sums; their sums are also their part of p, so each row is read
     once. Deterministic instances: Σ_x of the reduction ``sum_xlogx`` of α."""
     inst = belief.instance
