@@ -1,4 +1,4 @@
-"""A gunicorn config for tests/test_request_bounds.py: in the worker, a request whose instance's
+"""A gunicorn config for tests/test_big_request_slot.py: in the worker, a request whose instance's
 first test is named ``hold`` waits after its body was read and checked (so holding the worker's
 big-request slot) until the file EDGECUT_TEST_RELEASE names exists; it creates the file
 EDGECUT_TEST_HOLDING names once it waits. Files, not sleeps: the test knows when it holds."""

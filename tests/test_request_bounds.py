@@ -12,18 +12,12 @@ import itertools
 import json
 import math
 import re
-import socket
-import threading
-import time
-from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
-import requests
 
 from api_support import assert_problem
-from live_server import LiveServer
 from service.api import bodies
 from service.api.limits import ARRAY_BYTES, MEMBER_BYTES, OBJECT_BYTES, VALUE_BYTES, parse_cost
 from service.app import create_app
@@ -308,53 +302,6 @@ def test_an_inline_instance_of_a_select_request_is_held_to_max_hypotheses(app_co
     assert "MAX_HYPOTHESES" in assert_problem(refused, 413, "instance-too-large")["detail"]
 
 
-# --- BIG_REQUEST_BYTES: one big request per worker at a time -----------------------------------
-
-BIG = 4096
-
-
-def instance_of_bytes(size: int, tag: str = "c") -> dict:
-    """A valid per-hypothesis instance whose JSON is at least ``size`` bytes."""
-    n = 8
-    while len(encoded(per_hypothesis(n))) < size:
-        n *= 2
-    body = per_hypothesis(n)
-    for h in body["hypotheses"]:
-        h["class"] = tag + h["class"]
-    return body
-
-
-@pytest.fixture
-def big_app(app_config):
-    return create_app({**app_config, "big_request_bytes": BIG})
-
-
-def test_a_big_request_is_refused_busy_while_the_worker_serves_another(big_app):
-    client = big_app.test_client()
-    slot = big_app.extensions["edgecut.big-request"]
-    assert slot.take()  # as a request thread serving a big body holds it
-    try:
-        busy = client.post("/v1/instances", json=instance_of_bytes(BIG))
-        problem = assert_problem(busy, 503, "server-busy")
-        assert "BIG_REQUEST_BYTES" in problem["detail"] and busy.headers["Retry-After"] == "1"
-        assert client.get("/v1/instances").get_json()["items"] == []  # nothing stored
-        small = client.post("/v1/instances", json=per_hypothesis(2))  # below the size: served
-        assert small.status_code == 201, small.get_json()
-    finally:
-        slot.give_back()
-    assert client.post("/v1/instances", json=instance_of_bytes(BIG)).status_code == 201
-
-
-def test_the_slot_is_given_back_however_a_big_request_ends(big_app):
-    client = big_app.test_client()
-    refused = client.post("/v1/instances", json={**instance_of_bytes(BIG), "tests": []})
-    assert refused.status_code == 422
-    for tag in ("a", "b"):
-        created = client.post("/v1/instances", json=instance_of_bytes(BIG, tag))
-        assert created.status_code == 201, created.get_json()
-    assert not big_app.extensions["edgecut.big-request"].busy
-
-
 # --- compiling a big tensor: one copy of it, rows grouped by content -----------------------------
 
 
@@ -396,40 +343,3 @@ def test_rows_are_grouped_exactly_when_their_bytes_are_equal(values):
     for i, g in enumerate(group.tolist()):
         found.setdefault(g, set()).add(i)
     assert {frozenset(m) for m in found.values()} == equal_row_partition(rows)
-
-
-def test_the_worker_refuses_a_big_request_before_its_body_while_it_serves_another(tmp_path):
-    """A live worker holding a big request (held by tests/hold_big_request.py until a file exists)
-    answers a second one 503 as soon as its head announces a big body: the body is never sent."""
-    holding, release = tmp_path / "holding", tmp_path / "release"
-    server = LiveServer({"REDIS_URL": "", "BIG_REQUEST_BYTES": str(BIG), "EDGECUT_TEST_HOLDING": str(holding),
-                         "EDGECUT_TEST_RELEASE": str(release)}, workers=1, threads=4,
-                        config=str(Path(__file__).parent / "hold_big_request.py"))
-    server.start()
-    answers: list = []
-    try:
-        held = instance_of_bytes(BIG)
-        held["tests"][0]["id"] = "hold"
-        for h in held["hypotheses"]:
-            h["outcomes"] = {"hold": h["outcomes"]["t0"]}
-        first = threading.Thread(target=lambda: answers.append(
-            requests.post(server.url + "/v1/instances", json=held, timeout=120)))
-        first.start()
-        deadline = time.monotonic() + 60
-        while not holding.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert holding.exists(), "the first request never held the slot"
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-            sock.sendall(b"POST /v1/instances HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 100000\r\n\r\n")  # a big body announced, none sent
-            answer = b""
-            while chunk := sock.recv(65536):
-                answer += chunk
-        head, _, body = answer.partition(b"\r\n\r\n")
-        assert head.split(b" ")[1] == b"503" and b"retry-after: 1" in head.lower(), answer[:400]
-        assert json.loads(body)["type"] == "urn:edgecut:problem:server-busy" and b"BIG_REQUEST_BYTES" in body
-    finally:
-        release.touch()
-        first.join(timeout=120)
-        server.stop()
-    assert answers and answers[0].status_code == 201, answers

@@ -47,9 +47,10 @@ def validation_errors(error: ValidationError) -> list[dict[str, str]]:
     return [{"path": json_path(tuple(e["loc"])), "message": e["msg"]} for e in error.errors(include_url=False)]
 
 
-def _read_body(served: Request, limit: int) -> bytes:
-    """The whole body; 413 past ``limit`` (MAX_BODY_BYTES) whether or not it came with a length;
-    inflated when it was sent with ``Content-Encoding: gzip``."""
+def _read_body(served: Request, settings: Settings) -> bytes:
+    """The whole body; 413 past MAX_BODY_BYTES whether or not it came with a length; inflated
+    when it was sent with ``Content-Encoding: gzip``."""
+    limit = settings.max_body_bytes
     try:
         # werkzeug's rules (none with Transfer-Encoding: chunked), from the environ: the
         # request's own property builds a headers view first.
@@ -61,7 +62,7 @@ def _read_body(served: Request, limit: int) -> bytes:
             raw = served.environ["wsgi.input"].read(length)
             if len(raw) < length:
                 raise UnreadableBody(f"the request body ended after {len(raw)} of {length} bytes")
-            return inflated(served, raw, limit)
+            return inflated(served, raw, settings)
         raw = served.get_data(cache=False)  # a Content-Length over the limit: 413 here, unread
         # A chunked body is cut at the limit silently (werkzeug's LimitedStream): one byte more
         # left in the stream means it was longer.
@@ -71,7 +72,7 @@ def _read_body(served: Request, limit: int) -> bytes:
         raise
     except (OSError, *_SERVER_PARSE_ERRORS) as error:
         raise UnreadableBody(f"the request body could not be read: {error}") from None
-    return inflated(served, raw, limit)
+    return inflated(served, raw, settings)
 
 
 def parse_body(model: type[Model], array_parts: tuple[str, ...] = ()) -> Model:
@@ -80,7 +81,7 @@ def parse_body(model: type[Model], array_parts: tuple[str, ...] = ()) -> Model:
     served = request
     settings = services().settings
     if _is_json(served.mimetype):
-        raw = _read_body(served, settings.max_body_bytes)
+        raw = _read_body(served, settings)
         hold_big_request(len(raw), settings)  # one big request per worker at a time (service/api/limits.py)
         return _validated(_loaded(raw, settings), model, settings)
     boundary = served.mimetype_params.get("boundary") if served.mimetype == MULTIPART_MEDIA_TYPE else None
@@ -88,7 +89,7 @@ def parse_body(model: type[Model], array_parts: tuple[str, ...] = ()) -> Model:
         shown = served.mimetype or "none"
         accepted = JSON_MEDIA_TYPE + (f" or {MULTIPART_MEDIA_TYPE} (with a boundary)" if array_parts else "")
         raise UnsupportedMediaType(f"send the body as {accepted} (Content-Type was {shown})")
-    raw = _read_body(served, settings.max_body_bytes)
+    raw = _read_body(served, settings)
     hold_big_request(len(raw), settings)
     document, arrays = instance_parts(raw, boundary, array_parts)
     data = _loaded(document, settings)

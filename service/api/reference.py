@@ -98,7 +98,7 @@ LIMITS = [
             '413 `limit-exceeded`, before the body is parsed'),
     setting('big_request_bytes',
             'a request body at least this big once read and inflated: a big request. A worker serves one at a time, so two big requests never add up in one worker nor share its GIL',
-            '503 `server-busy` with `Retry-After` at once, while the worker serves another: before its body is received when its `Content-Length` says it is big (the worker\'s event loop asks), else once it is read', note=' per worker'),
+            '503 `server-busy` with `Retry-After` at once, while the worker serves another: before its body is received when its `Content-Length` says it is big (the worker\'s event loop asks), else once it is read; a gzip body as soon as what it inflates to reaches the size, before the rest is inflated', note=' per worker'),
     setting('max_json_depth',
             'nesting of the JSON body',
             '413 `limit-exceeded`'),
