@@ -147,6 +147,14 @@ def largest_body(builder, limit: int, *args) -> int:
 TAG_LENGTH = 6
 
 
+def _within_parse_cost(row: tuple, cost: int) -> tuple:
+    """A compact or binary form bound by another limit, unless the labels it carries as JSON
+    (one class per row) reach MAX_PARSE_BYTES first."""
+    name, builder, args, rows, binding = row
+    parsed = largest(builder, cost, *args)
+    return (name, builder, args, parsed, "MAX_PARSE_BYTES") if parsed < rows else row
+
+
 def forms(settings) -> list[tuple[str, object, tuple, int, str]]:
     """Each form at its largest under ``settings``: (name, builder, its extra arguments, rows,
     the limit that binds it). One row more is past that limit. Built with a tag of TAG_LENGTH."""
@@ -171,4 +179,4 @@ def forms(settings) -> list[tuple[str, object, tuple, int, str]]:
          largest_body(likelihood_npy, body, 100, "t" * TAG_LENGTH), "MAX_BODY_BYTES"),
         ("noisy copies (max_flips 1, 20 tests: 21 rows each)", noisy, (20,), rows_limit // 21, "MAX_HYPOTHESES"),
     ]
-    return table
+    return table[:7] + [_within_parse_cost(row, cost) for row in table[7:]]

@@ -65,6 +65,8 @@ from conftest import RedisServer  # noqa: E402  (the test suite's redis-server l
 from live_server import LiveServer  # noqa: E402
 
 import heavy_bodies  # noqa: E402  (bench/, beside this file)
+import numpy as np  # noqa: E402
+from schemas.arrays import encode  # noqa: E402
 from service.settings import Settings  # noqa: E402
 
 KEY = "bench-key-0123456789abcdefghij"
@@ -88,7 +90,8 @@ def ladder(n_tests: int) -> dict:
 def chain(n: int) -> dict:
     """n hypotheses in a chain: test j separates the first j+1 from the rest (depth n−1)."""
     return {"tests": [{"id": f"t{j}", "outcomes": ["0", "1"]} for j in range(n - 1)],
-            "matrix": [[int(i > j) for j in range(n - 1)] for i in range(n)], "classes": [f"c{i}" for i in range(n)]}
+            "matrix": encode(np.array([[int(i > j) for j in range(n - 1)] for i in range(n)], dtype=np.uint8)),
+            "classes": [f"c{i}" for i in range(n)]}
 
 
 # --- hostile kinds: each a function (port) → a short description of the answer -------------------

@@ -60,7 +60,7 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
     register_problems(app, retry_after_seconds=settings.retry_after_seconds)
     observability.install(app, settings)  # first: every later hook's refusal carries the request id
     security.install(app, settings, store)  # API keys, rate limits (kept by the store), CORS
-    limits.install(app, settings)  # one big request per worker at a time
+    limits.install(app, settings, store)  # one big request per worker at a time
     for blueprint in (instances.bp, sessions.bp, select.bp, health.bp, evaluation.bp):
         app.register_blueprint(blueprint)
     cat.install(app)  # /ims/cat/v1p0: the 1EdTech CAT façade over the same domain

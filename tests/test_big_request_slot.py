@@ -1,7 +1,8 @@
 """BIG_REQUEST_BYTES: a worker serves one big request at a time. Another that arrives meanwhile
 is answered 503 ``server-busy`` with Retry-After, nothing stored: before its body is received
-when its ``Content-Length`` says it is big, and, for a gzip body whose compressed length is
-small, as soon as what it inflates to crosses the size (never after inflating the whole)."""
+when its ``Content-Length`` says it is big; for a gzip body whose compressed length is small, as
+soon as what it inflates to crosses the size (never after inflating the whole); and for a JSON
+body of few bytes that will hold that much once parsed, before it is parsed."""
 
 from __future__ import annotations
 
@@ -10,16 +11,23 @@ import json
 import socket
 import threading
 import time
+import uuid
 from pathlib import Path
 
+import numpy as np
+
+import orjson
 import pytest
 import requests
 
 from api_support import assert_problem
 from live_server import LiveServer
+from service.api import bodies
+from schemas.arrays import encode
+from service.api.limits import ARRAY_BYTES, HELD_PER_BODY_BYTE, MEMBER_BYTES, OBJECT_BYTES, VALUE_BYTES
 from service.app import create_app
 
-BIG = 4096
+BIG = 16 * 1024
 JSON = "application/json"
 
 
@@ -37,6 +45,25 @@ def instance_of_bytes(size: int, tag: str = "c") -> dict:
     return per_hypothesis(n, tag)
 
 
+def estimated(document: dict) -> int:
+    """What MAX_PARSE_BYTES's estimate counts for ``document``, from its parsed structure (the
+    weights of service/api/limits.py): a value per item, a member per key, an array or object
+    per container."""
+    values = members = arrays = objects = 0
+    stack = [document]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (dict, list)):
+            values += max(len(item) - 1, 0)
+            if isinstance(item, dict):
+                objects, members = objects + 1, members + len(item)
+                stack.extend(item.values())
+            else:
+                arrays += 1
+                stack.extend(item)
+    return VALUE_BYTES * (values + 1) + MEMBER_BYTES * members + ARRAY_BYTES * arrays + OBJECT_BYTES * objects
+
+
 @pytest.fixture
 def big_app(app_config):
     return create_app({**app_config, "big_request_bytes": BIG})
@@ -51,11 +78,32 @@ def test_a_big_request_is_refused_busy_while_the_worker_serves_another(big_app):
         problem = assert_problem(busy, 503, "server-busy")
         assert "BIG_REQUEST_BYTES" in problem["detail"] and busy.headers["Retry-After"] == "1"
         assert client.get("/v1/instances").get_json()["items"] == []  # nothing stored
+        assert estimated(per_hypothesis(2)) < BIG
         small = client.post("/v1/instances", json=per_hypothesis(2))  # below the size: served
         assert small.status_code == 201, small.get_json()
     finally:
         slot.give_back()
     assert client.post("/v1/instances", json=instance_of_bytes(BIG)).status_code == 201
+
+
+def test_a_json_body_of_few_bytes_that_will_hold_much_once_parsed_is_a_big_request(big_app, monkeypatch):
+    few_bytes = per_hypothesis(60)
+    assert len(json.dumps(few_bytes)) < BIG <= estimated(few_bytes)
+    parsed = []
+    monkeypatch.setattr(bodies, "orjson", type("Counting", (), {
+        "loads": staticmethod(lambda raw: parsed.append(raw) or orjson.loads(raw)),
+        "JSONDecodeError": orjson.JSONDecodeError}))
+    client = big_app.test_client()
+    slot = big_app.extensions["edgecut.big-request"]
+    assert slot.take()
+    try:
+        busy = client.post("/v1/instances", data=json.dumps(few_bytes), content_type=JSON)
+        assert "BIG_REQUEST_BYTES" in assert_problem(busy, 503, "server-busy")["detail"]
+        assert busy.headers["Retry-After"] == "1" and not parsed  # refused before it was parsed
+    finally:
+        slot.give_back()
+    created = client.post("/v1/instances", data=json.dumps(few_bytes), content_type=JSON)
+    assert created.status_code == 201, created.get_json()
 
 
 def test_the_slot_is_given_back_however_a_big_request_ends(big_app):
@@ -141,3 +189,41 @@ def test_a_small_gzip_body_that_inflates_big_is_refused_busy_while_the_worker_se
     head = (f"POST /v1/instances HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Encoding: gzip\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
     assert_busy(*answer_of(held_worker, head, body))
+
+
+# --- a big request and the worker's instance cache: room made before it is parsed ----------------
+
+
+def compact_instance(n: int, tag: str) -> dict:
+    """n rows × 10 tests in the compact form, in 7 classes (hypothesis ids made by the service)."""
+    matrix = (np.arange(n)[:, None] >> np.arange(10) & 1).astype(np.uint8)
+    return {"tests": [{"id": f"{tag}{j}", "outcomes": ["0", "1"]} for j in range(10)], "matrix": encode(matrix),
+            "classes": [f"c{i % 7}" for i in range(n)]}
+
+
+def test_a_big_request_first_makes_room_in_the_instance_cache_for_what_it_will_hold(redis_server, monkeypatch):
+    """With the cache full, a big request's instance is compiled only once the cache holds at
+    most INSTANCE_CACHE_BYTES − HELD_PER_BODY_BYTE × its body: what the two hold together is
+    bounded by the cache's budget, not added to it. Counted by the cache's own accounting."""
+    from service import engine
+
+    budget, big = 2_000_000, 64 * 1024
+    app = create_app({"redis_url": redis_server.url, "key_prefix": f"room-{uuid.uuid4().hex[:8]}",
+                      "instance_cache_bytes": budget, "big_request_bytes": big})
+    client, cache = app.test_client(), app.extensions["edgecut"].store.cache
+    for i in range(40):  # small requests fill the cache: each under BIG_REQUEST_BYTES
+        body = json.dumps(compact_instance(1000, f"s{i}t"))
+        assert len(body) < big and estimated(json.loads(body)) < big
+        assert client.post("/v1/instances", data=body, content_type=JSON).status_code == 201
+    assert cache.nbytes > budget - 100_000, cache.nbytes  # full, within one small instance
+
+    cached_at_compile = []
+    compile_instance = engine.compile_instance
+    monkeypatch.setattr(engine, "compile_instance",
+                        lambda instance, **kw: cached_at_compile.append(cache.nbytes) or compile_instance(instance, **kw))
+    body = json.dumps(compact_instance(4000, "big"))
+    assert big <= len(body) and HELD_PER_BODY_BYTE * len(body) < budget  # room for it leaves some cached
+    created = client.post("/v1/instances", data=body, content_type=JSON)
+    assert created.status_code == 201, created.get_json()
+    assert cached_at_compile and cached_at_compile[0] + HELD_PER_BODY_BYTE * len(body) <= budget, cached_at_compile
+    assert cached_at_compile[0] > 0  # only as much as it needs was given up

@@ -160,6 +160,7 @@ def test_the_largest_body_of_each_json_form_is_accepted_and_one_row_more_refused
     refused = limited.post("/v1/instances", data=body, content_type=JSON)
     problem = assert_problem(refused, 413, "limit-exceeded")
     assert "MAX_PARSE_BYTES" in problem["detail"]
+    assert "compact base64" in problem["detail"] and ".npy" in problem["detail"]  # the forms for big arrays
     assert not parser.parsed_any_of(len(body))  # refused before orjson parsed it
 
 

@@ -9,7 +9,8 @@ detail, so a client (or an operator reading logs) knows which knob refused it:
 ``MAX_CELLS``                         n·N, refused by compilation (413 instance-too-large)
 ``MAX_PARSE_BYTES``                   :func:`check_parse_cost`, on the raw bytes, before parsing
 ``BIG_REQUEST_BYTES``                 :func:`hold_big_request`: one big request per worker at a time
-                                      (503 server-busy with Retry-After for another meanwhile)
+                                      (503 server-busy with Retry-After for another meanwhile): big
+                                      in bytes, or in what its JSON will hold once parsed
 ``MAX_JSON_DEPTH``                    :func:`check_depth`, on the raw bytes, before validation
 ``MAX_CLASSES``                       :func:`check_request`
 ``MAX_HYPOTHESES``                    :func:`check_request`: rows, noisy copies counted (413
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from flask import Flask, Response, current_app, g
@@ -48,6 +49,7 @@ from schemas.item_bank import ItemBank
 from service.engine import InstanceTooLarge, count_noisy_copies
 from service.errors import LimitExceeded, ServiceError
 from service.settings import Settings
+from service.store import SessionStore
 
 # A JSON string: quote, then runs of plain characters or escapes (unrolled: linear time).
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -76,20 +78,31 @@ def parse_cost(raw: bytes) -> tuple[int, dict[str, int]]:
     return cost, counts
 
 
-def check_parse_cost(raw: bytes, limit: int) -> None:
+def check_parse_cost(raw: bytes, settings: Settings) -> None:
     """Called by parse_body on every JSON body (an instance part of a binary body included)
-    before it is parsed, with MAX_PARSE_BYTES."""
-    if len(raw) * OBJECT_BYTES + VALUE_BYTES <= limit:  # every item is at least a byte
+    before it is parsed: 413 past MAX_PARSE_BYTES; and a body estimated to hold at least
+    BIG_REQUEST_BYTES once parsed is a big request (:func:`hold_big_request`) however few bytes
+    it has: a 0.7 MB per-hypothesis body holds ~50 MB and takes ~0.3 s of CPU."""
+    limit = settings.max_parse_bytes
+    if len(raw) * OBJECT_BYTES + VALUE_BYTES < min(limit, settings.big_request_bytes):  # every item ≥ a byte
         return
     cost, counts = parse_cost(raw)
     if cost > limit:
         shown = ", ".join(f"{count} {name}" for name, count in counts.items())
         raise LimitExceeded("MAX_PARSE_BYTES", limit,
-                            f"the JSON body would hold about {cost} bytes once parsed ({shown}); send big "
-                            f"arrays in the compact base64 form or as a binary body (docs/instances.md)")
+                            f"the JSON body would hold about {cost} bytes once parsed ({shown}); send a big "
+                            f"matrix or likelihood_matrix in the compact base64 form or as a binary .npy part "
+                            f"(multipart/form-data), which are not parsed as JSON (docs/instances.md)")
+    hold_big_request(cost, settings, holds=cost)
 
 
 _BIG_SLOT = "edgecut.big-request"  # app.extensions: the worker's one slot for a big request
+# What a big request holds at its peak per byte of its body, beyond what the worker held before:
+# measured 5.3 (compact base64) and 6.6 (binary .npy) on the 80 MiB float64 likelihood bodies
+# (the body as received, its parts or decoded array, validation's temporaries, the compiled copy
+# and the copy encoded for Redis; bench/hostile.py --heavy). A JSON body's own estimate
+# (MAX_PARSE_BYTES's count) is used where it is larger.
+HELD_PER_BODY_BYTE = 7
 
 
 class WorkerBusy(ServiceError):
@@ -98,11 +111,13 @@ class WorkerBusy(ServiceError):
 
 class BigRequestSlot:
     """Taken by the request thread serving a big request; ``busy`` is read by the worker's event
-    loop without taking anything, so looking never makes a request thread miss the slot."""
+    loop without taking anything, so looking never makes a request thread miss the slot.
+    ``make_room(nbytes)``: the store's, giving up cached instances for what the request will hold."""
 
-    def __init__(self) -> None:
+    def __init__(self, make_room: Callable[[int], None] = lambda nbytes: None) -> None:
         self._lock = threading.Lock()
         self.busy = False
+        self.make_room = make_room
 
     def take(self) -> bool:
         with self._lock:
@@ -116,10 +131,10 @@ class BigRequestSlot:
             self.busy = False
 
 
-def install(app: Flask, settings: Settings) -> None:
+def install(app: Flask, settings: Settings, store: SessionStore) -> None:
     """One slot per app (a gunicorn worker serves one app) for a big request, given back once the
     request that holds it is answered, however it ends."""
-    app.extensions[_BIG_SLOT] = BigRequestSlot()
+    app.extensions[_BIG_SLOT] = BigRequestSlot(store.make_room)
 
     def release() -> None:
         if g.pop(_BIG_SLOT, False):
@@ -146,20 +161,26 @@ def big_request_in_flight(app: object) -> bool:
     return slot is not None and slot.busy
 
 
-def hold_big_request(size: int, settings: Settings) -> None:
-    """Called by parse_body with the body's size once read (and inflated). The per-request limits
-    bound one request; this keeps a worker's threads from running several big ones at once, whose
-    objects would add up (and whose parsing would share one GIL with every other request)."""
-    if size < settings.big_request_bytes or g.get(_BIG_SLOT):
+def hold_big_request(size: int, settings: Settings, holds: int) -> None:
+    """Called by parse_body with the body's size once read (and inflated), and with what a JSON
+    body is estimated to hold once parsed (:func:`check_parse_cost`); ``holds``: what the request
+    is expected to hold at its peak. The per-request limits bound one request; this keeps a
+    worker's threads from running several big ones at once, whose objects would add up (and
+    whose parsing would share one GIL with every other request), and makes room for the one it
+    runs: the worker's instance cache gives up its least recently used instances until it and
+    ``holds`` fit INSTANCE_CACHE_BYTES, so a full cache and a big request never add up either."""
+    if size < settings.big_request_bytes:
         return
     slot = current_app.extensions.get(_BIG_SLOT)
     if slot is None:  # an app made without install(): nothing to hold
         return
-    if not slot.take():
-        g.big_request_refused = True
-        raise WorkerBusy(f"this worker is serving another request of at least {settings.big_request_bytes} bytes "
-                         f"(BIG_REQUEST_BYTES); retry after Retry-After seconds")
-    g.setdefault(_BIG_SLOT, True)
+    if not g.get(_BIG_SLOT):
+        if not slot.take():
+            g.big_request_refused = True
+            raise WorkerBusy(f"this worker is serving another request of at least {settings.big_request_bytes} "
+                             f"bytes (BIG_REQUEST_BYTES); retry after Retry-After seconds")
+        g.setdefault(_BIG_SLOT, True)
+    slot.make_room(holds)
 
 
 def _bracket_depth(raw: bytes) -> int:

@@ -181,6 +181,11 @@ class InstanceShelf(abc.ABC):
         """Remove the instance and remember for its TTL that it was deleted (so its sessions can
         say so); True if it existed. Storing the same content again brings it back."""
 
+    def make_room(self, nbytes: int) -> None:
+        """Give up instances this process caches (never stored ones) until they and ``nbytes``
+        more fit the cache's budget: a big request is about to hold that much (service/api/limits.py).
+        A store that caches nothing (the embedded store holds its instances) does nothing."""
+
     @abc.abstractmethod
     def instance_deleted(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> bool:
         """Whether the instance was deleted (and not stored again) within its TTL."""

@@ -97,6 +97,14 @@ class ByteBoundedLRU:
                 self.evictions += 1
             return True
 
+    def make_room(self, nbytes: int) -> None:
+        """Evict the least recently used until ``nbytes`` more fit the budget (or nothing is left)."""
+        with self._lock:
+            while self._entries and self._bytes + nbytes > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.nbytes
+                self.evictions += 1
+
     def discard(self, key) -> None:
         with self._lock:
             old = self._entries.pop(key, None)

@@ -128,6 +128,9 @@ class RedisStore(RedisKeys, SessionStore):
 
     # --- instances ---------------------------------------------------------------------------
 
+    def make_room(self, nbytes: int) -> None:
+        self.cache.make_room(nbytes)
+
     def put_instance(self, instance: CompiledInstance, tenant: str = DEFAULT_TENANT) -> bool:
         key = self.instance_key(instance.content_hash, tenant)
         with redis_errors():
