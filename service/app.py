@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 from flask import Flask
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from schemas.arrays import encode
 from schemas.instance import Instance
@@ -43,6 +44,10 @@ def create_app(config: Settings | dict[str, Any] | None = None, *, store: Sessio
     logging.getLogger("service").setLevel(settings.log_level)
 
     app = Flask(__name__)
+    if settings.trusted_proxies:
+        # werkzeug's ProxyFix takes the address that many proxies from the right of
+        # X-Forwarded-For: the nearest ones are ours, what a client wrote itself lies further left.
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=settings.trusted_proxies, x_proto=0)
     app.json = OrjsonProvider(app)
     app.config.update(MAX_CONTENT_LENGTH=settings.max_body_bytes, JSON_SORT_KEYS=False)
     if store is None:

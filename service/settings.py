@@ -121,6 +121,11 @@ class Settings(BaseSettings):
         description=("with API keys on: failed authentications one client address may make (as many at once "
                      "as the count), then 429 for every `/v1` request from it until the rate allows another; "
                      "empty: off"))
+    trusted_proxies: int = Field(default=0, ge=0, le=8, description=(
+        "reverse proxies in front that each append the address they saw to `X-Forwarded-For` (nginx in "
+        "docker-compose.yml: 1); the client's address (AUTH_FAILURE_LIMIT counts per address) is then the one "
+        "the outermost of them saw. 0: the connection's own address, `X-Forwarded-For` ignored (any client "
+        "can write one)"))
     cors_origins: str | None = Field(default=None, description=(
         "browser origins allowed by CORS, comma-separated, or `*`; unset: no CORS headers"))
     # Each limit below is answered 413 limit-exceeded, naming the variable.

@@ -101,6 +101,37 @@ def test_failed_authentications_are_throttled_per_address(app_config):
     assert_problem(elsewhere, 404, "session-not-found")
 
 
+PROXY = {"REMOTE_ADDR": "10.0.0.2"}  # nginx, as the service sees it
+
+
+def wrong_keys_through_the_proxy(client, forwarded_for: str, times: int) -> list[int]:
+    return [client.get("/v1/sessions/x", environ_base=PROXY,
+                       headers={"Authorization": f"Bearer wrong-{i:020d}", "X-Forwarded-For": forwarded_for}).status_code
+            for i in range(times)]
+
+
+def test_behind_a_trusted_proxy_failed_authentications_are_counted_per_client(app_config):
+    app = create_app({**app_config, "api_keys": f"alpha:{KEY}", "auth_failure_limit": "3/minute", "trusted_proxies": 1})
+    client = app.test_client()
+    # The attacker writes its own X-Forwarded-For; nginx appends the address it saw.
+    assert wrong_keys_through_the_proxy(client, "198.51.100.9, 203.0.113.7", 5) == [401] * 3 + [429] * 2
+    for other in ("198.51.100.2", "203.0.113.8"):  # every other client through the same proxy is served
+        served = client.get("/v1/sessions/x", environ_base=PROXY,
+                            headers={"Authorization": f"Bearer {KEY}", "X-Forwarded-For": other})
+        assert_problem(served, 404, "session-not-found")
+    # Writing another address further left does not make the attacker someone else.
+    assert wrong_keys_through_the_proxy(client, "192.0.2.1, 203.0.113.7", 1) == [429]
+
+
+def test_without_trusted_proxies_x_forwarded_for_is_ignored(app_config):
+    app = create_app({**app_config, "api_keys": f"alpha:{KEY}", "auth_failure_limit": "3/minute"})
+    client = app.test_client()
+    statuses = [client.get("/v1/sessions/x", environ_base=PROXY,
+                           headers={"Authorization": f"Bearer wrong-{i:020d}", "X-Forwarded-For": f"192.0.2.{i}"}
+                           ).status_code for i in range(5)]
+    assert statuses == [401] * 3 + [429] * 2  # one client however many addresses it writes
+
+
 def test_valid_keys_are_never_counted_as_failures(app_config):
     app = create_app({**app_config, "api_keys": f"alpha:{KEY}", "auth_failure_limit": "2/minute"})
     client = app.test_client()
