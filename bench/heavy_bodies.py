@@ -1,14 +1,23 @@
-"""The heaviest instance bodies each form can carry, for bench/hostile.py's ``--heavy`` phase.
+"""The heaviest instance bodies each form can carry, for bench/hostile.py (``--kinds heavy``, and
+``--heavy``, whose measurement is :func:`measure` here).
 
 Each builder takes a size (hypotheses, or rows) and returns ``(content_type, body bytes)``;
-:data:`FORMS` names each form with the size of its largest body under the default limits.
+:func:`forms` names each form with the size of its largest body under the settings' limits.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
 
 import numpy as np
 
@@ -180,3 +189,122 @@ def forms(settings) -> list[tuple[str, object, tuple, int, str]]:
         ("noisy copies (max_flips 1, 20 tests: 21 rows each)", noisy, (20,), rows_limit // 21, "MAX_HYPOTHESES"),
     ]
     return table[:7] + [_within_parse_cost(row, cost) for row in table[7:]]
+
+
+# --- bench/hostile.py --heavy: one worker, one heavy request at a time ------------------------------
+
+
+def _proc_status(pid: int) -> dict[str, int]:
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(("VmHWM:", "VmRSS:")):
+                fields[line.split(":")[0]] = int(line.split()[1]) * 1024
+    return fields
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+class Meanwhile:
+    """GET /healthz again and again (5 ms apart, one kept-alive connection) while a heavy request
+    runs in the same worker: the slowest answer is how long the heavy request kept the worker
+    from another request (its longest hold of the GIL, and the waits for it)."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.slowest = 0.0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            conn.request("GET", "/healthz")
+            conn.getresponse().read()
+            self.slowest = max(self.slowest, time.perf_counter() - started)
+            time.sleep(0.005)
+        conn.close()
+
+    def __enter__(self) -> Meanwhile:
+        self.thread.start()
+        time.sleep(0.05)  # under way before the heavy request is sent
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def measure(rounds: int, env: dict[str, str], post) -> dict:
+    """Each form's largest accepted body and one row more, alone on one worker (8 threads) with a
+    private redis-server; ``post(port, content_type, body)`` sends one and gives its status."""
+    from conftest import RedisServer  # the test suite's launchers (tests/ is on bench/hostile.py's path)
+    from live_server import LiveServer
+
+    from service.settings import Settings
+    from service.worker import IDLE_CHECK_INTERVAL
+
+    settings = Settings()
+    redis_server = RedisServer(Path(tempfile.mkdtemp(prefix="edgecut-heavy-")))
+    redis_server.start()
+    server = LiveServer({"REDIS_URL": redis_server.url, "KEY_PREFIX": f"heavy-{uuid.uuid4().hex[:8]}", **env},
+                        workers=1, threads=8)
+    server.start()
+    rows_out = []
+    try:
+        pid = server.worker_pids()[0]
+        boot = _proc_status(pid)["VmRSS"]
+        for name, build, args, rows, binding in forms(settings):
+            for size, label in ((rows, "largest accepted"), (rows + 1, f"one row past {binding}")):
+                peaks, cpus, stalls, statuses, length = [], [], [], set(), 0
+                for attempt in range(rounds):
+                    tag = f"r{attempt}{uuid.uuid4().hex}"[:TAG_LENGTH]
+                    content_type, body = build(size, *args, tag)
+                    length = len(body)
+                    with open(f"/proc/{pid}/clear_refs", "w") as clear:
+                        clear.write("5")  # resets VmHWM to the current resident size
+                    before = _cpu_seconds(pid)
+                    with Meanwhile(server.port) as meanwhile:
+                        statuses.add(post(server.port, content_type, body))
+                    cpus.append(_cpu_seconds(pid) - before)
+                    stalls.append(meanwhile.slowest)
+                    peaks.append(_proc_status(pid)["VmHWM"])
+                    del body
+                row = {"form": name, "rows": size, "body": label, "body_mib": round(length / 2**20, 1),
+                       "statuses": sorted(statuses), "peak_rss_mb": round(statistics.median(peaks) / 1e6),
+                       "max_peak_rss_mb": round(max(peaks) / 1e6), "cpu_s": round(statistics.median(cpus), 2),
+                       "max_cpu_s": round(max(cpus), 2), "healthz_slowest_ms": round(1000 * statistics.median(stalls)),
+                       "max_healthz_slowest_ms": round(1000 * max(stalls))}
+                rows_out.append(row)
+                print(json.dumps(row), flush=True)
+        time.sleep(IDLE_CHECK_INTERVAL + 0.2)  # the idle check runs when a request ends, once per interval
+        ending = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        ending.request("GET", "/healthz")  # a request that ends, so the idle check runs
+        ending.getresponse().read()
+        ending.close()
+        time.sleep(0.5)
+        idle = _proc_status(pid)["VmRSS"]
+    finally:
+        server.stop()
+        redis_server.stop()
+    return {"boot_rss_mb": round(boot / 1e6), "idle_rss_mb_after": round(idle / 1e6), "rounds": rounds,
+            "requests": rows_out}
+
+
+def report(figures: dict, json_path: Path | None) -> int:
+    if json_path:
+        json_path.write_text(json.dumps(figures, indent=2))
+    worst_peak = max(row["max_peak_rss_mb"] for row in figures["requests"])
+    worst_cpu = max(row["max_cpu_s"] for row in figures["requests"])
+    worst_stall = max(row["max_healthz_slowest_ms"] for row in figures["requests"])
+    over = [row["form"] for row in figures["requests"] if row["max_peak_rss_mb"] >= 1000 or row["max_cpu_s"] >= 5]
+    print(f"edgecut bench: heaviest request peaked at {worst_peak} MB resident and {worst_cpu} s of CPU "
+          f"(goal: below 1000 MB and 5 s{'; OVER: ' + ', '.join(over) if over else ''}); worker "
+          f"{figures['boot_rss_mb']} MB at boot, {figures['idle_rss_mb_after']} MB idle after; another request "
+          f"meanwhile waited at most {worst_stall} ms")
+    return 0

@@ -34,9 +34,11 @@ Kinds (``--kinds http`` or ``engine`` or ``all``):
 ``--heavy`` measures what each of those bodies costs a worker instead, alone: one worker, each
 form at its largest accepted size and one row past it, ``--rounds`` (3) times each with new
 content, one request at a time. Per request: the status, the worker's peak resident memory
-(``VmHWM`` from /proc, reset before each request through ``clear_refs``) and the CPU seconds
-of the worker process (utime + stime from /proc/<pid>/stat); medians over the rounds. Then the
-worker's resident memory at boot and once idle after them all.
+(``VmHWM`` from /proc, reset before each request through ``clear_refs``), the CPU seconds
+of the worker process (utime + stime from /proc/<pid>/stat), and the slowest of the
+``GET /healthz`` sent to the same worker 5 ms apart meanwhile (how long the body kept it from
+another request); medians over the rounds. Then the worker's resident memory at boot and once
+idle after them all.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ import argparse
 import http.client
 import itertools
 import json
-import os
 import socket
 import statistics
 import tempfile
@@ -249,69 +250,6 @@ def heavy_kinds() -> dict:
     return kinds
 
 
-# --- one worker, one heavy request at a time: its peak memory and CPU -----------------------------
-
-
-def _proc_status(pid: int) -> dict[str, int]:
-    fields = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith(("VmHWM:", "VmRSS:")):
-                fields[line.split(":")[0]] = int(line.split()[1]) * 1024
-    return fields
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-def measure_heavy(rounds: int) -> dict:
-    """Each form's largest accepted body and one row more, alone on one worker (8 threads)."""
-    from service.worker import IDLE_CHECK_INTERVAL
-
-    settings = Settings()
-    redis_server = RedisServer(Path(tempfile.mkdtemp(prefix="edgecut-heavy-")))
-    redis_server.start()
-    server = LiveServer({"REDIS_URL": redis_server.url, "KEY_PREFIX": f"heavy-{uuid.uuid4().hex[:8]}",
-                         "API_KEYS": f"bench:{KEY}"}, workers=1, threads=8)
-    server.start()
-    rows_out = []
-    try:
-        pid = server.worker_pids()[0]
-        boot = _proc_status(pid)["VmRSS"]
-        for name, build, args, rows, binding in heavy_bodies.forms(settings):
-            for size, label in ((rows, "largest accepted"), (rows + 1, f"one row past {binding}")):
-                peaks, cpus, statuses, length = [], [], set(), 0
-                for attempt in range(rounds):
-                    tag = f"r{attempt}{uuid.uuid4().hex}"[:heavy_bodies.TAG_LENGTH]
-                    content_type, body = build(size, *args, tag)
-                    length = len(body)
-                    with open(f"/proc/{pid}/clear_refs", "w") as clear:
-                        clear.write("5")  # resets VmHWM to the current resident size
-                    before = _cpu_seconds(pid)
-                    statuses.add(_post(server.port, "/v1/instances", content_type, body, timeout=300))
-                    cpus.append(_cpu_seconds(pid) - before)
-                    peaks.append(_proc_status(pid)["VmHWM"])
-                    del body
-                row = {"form": name, "rows": size, "body": label, "body_mib": round(length / 2**20, 1),
-                       "statuses": sorted(statuses), "peak_rss_mb": round(statistics.median(peaks) / 1e6),
-                       "max_peak_rss_mb": round(max(peaks) / 1e6), "cpu_s": round(statistics.median(cpus), 2),
-                       "max_cpu_s": round(max(cpus), 2)}
-                rows_out.append(row)
-                print(json.dumps(row), flush=True)
-        time.sleep(IDLE_CHECK_INTERVAL + 0.2)  # the idle check runs when a request ends, once per interval
-        _get(server.port, "/healthz")
-        time.sleep(0.5)
-        idle = _proc_status(pid)["VmRSS"]
-    finally:
-        server.stop()
-        redis_server.stop()
-    return {"boot_rss_mb": round(boot / 1e6), "idle_rss_mb_after": round(idle / 1e6), "rounds": rounds,
-            "requests": rows_out}
-
-
 # --- the ordinary stream ------------------------------------------------------------------------
 
 
@@ -405,7 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.heavy:
-        return heavy_report(measure_heavy(args.rounds), args.json)
+        figures = heavy_bodies.measure(args.rounds, {"API_KEYS": f"bench:{KEY}"},
+                                       lambda port, content_type, body: _post(port, "/v1/instances", content_type,
+                                                                              body, timeout=300))
+        return heavy_bodies.report(figures, args.json)
 
     redis_server = RedisServer(Path(tempfile.mkdtemp(prefix="edgecut-hostile-")))
     redis_server.start()
@@ -448,18 +389,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"edgecut bench: under {args.hostile} hostile clients ({args.kinds}) the observation p99 is "
           f"{loaded['p99_ms']} ms (quiet: {quiet['p99_ms']} ms), {loaded['errors']} errors: "
           f"{'within' if ok else 'OVER'} the 250 ms goal")
-    return 0
-
-
-def heavy_report(figures: dict, json_path: Path | None) -> int:
-    if json_path:
-        json_path.write_text(json.dumps(figures, indent=2))
-    worst_peak = max(row["max_peak_rss_mb"] for row in figures["requests"])
-    worst_cpu = max(row["max_cpu_s"] for row in figures["requests"])
-    over = [row["form"] for row in figures["requests"] if row["max_peak_rss_mb"] >= 1000 or row["max_cpu_s"] >= 5]
-    print(f"edgecut bench: heaviest request peaked at {worst_peak} MB resident and {worst_cpu} s of CPU "
-          f"(goal: below 1000 MB and 5 s{'; OVER: ' + ', '.join(over) if over else ''}); worker "
-          f"{figures['boot_rss_mb']} MB at boot, {figures['idle_rss_mb_after']} MB idle after")
     return 0
 
 

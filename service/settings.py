@@ -68,11 +68,12 @@ class Settings(BaseSettings):
         "its id, prior and class index, ~1.6 µs and ~250 bytes to compile and store (413 `instance-too-large`)"))
     # The weights (service/api/limits.py) are what each item of a parsed body was measured to hold,
     # raised where its CPU time is the larger cost, so the estimate bounds both (docs/reliability.md).
-    # 32 MiB: parsing and validating a JSON body are single calls into Rust that hold the GIL from
-    # the other requests of the worker; at this size the longest is below what the 80 MiB compact
-    # and binary bodies hold it for, and a compact instance at MAX_HYPOTHESES still carries its
-    # classes as JSON (10⁶ labels: 32 MB counted). Bigger arrays travel compact or as .npy.
-    max_parse_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description=(
+    # 16 MiB: parsing, validating and compiling what a JSON body holds are single calls (orjson,
+    # pydantic-core, numpy on lists and labels) that keep the worker's other requests waiting; at
+    # this size no JSON body, nor the label list of a compact or binary one, keeps them waiting
+    # longer than the 80 MiB compact and binary arrays do (docs/reliability.md: 10⁶ class labels,
+    # counted 32 MB, kept them 0.27 s). Bigger arrays travel compact or as .npy.
+    max_parse_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description=(
         "estimated bytes a JSON body's values hold once parsed and validated, counted on its bytes before "
         "it is parsed: 32 per value (each comma), 128 per object member (each colon), 384 per array, 1 500 per "
         "object (413 `limit-exceeded`); bounds the nested-list and per-hypothesis forms: bigger arrays go in the "

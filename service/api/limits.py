@@ -98,11 +98,11 @@ def check_parse_cost(raw: bytes, settings: Settings) -> None:
 
 _BIG_SLOT = "edgecut.big-request"  # app.extensions: the worker's one slot for a big request
 # What a big request holds at its peak per byte of its body, beyond what the worker held before:
-# measured 5.3 (compact base64) and 6.6 (binary .npy) on the 80 MiB float64 likelihood bodies
-# (the body as received, its parts or decoded array, validation's temporaries, the compiled copy
-# and the copy encoded for Redis; bench/hostile.py --heavy). A JSON body's own estimate
-# (MAX_PARSE_BYTES's count) is used where it is larger.
-HELD_PER_BODY_BYTE = 7
+# measured 6.6 (compact base64) and up to 7.4 (binary .npy) on the 80 MiB float64 likelihood
+# bodies (the body as received, its parts or decoded array, validation's temporaries, the
+# compiled copy and the copy encoded for Redis; bench/hostile.py --heavy). A JSON body's own
+# estimate (MAX_PARSE_BYTES's count) is used where it is larger.
+HELD_PER_BODY_BYTE = 8
 
 
 class WorkerBusy(ServiceError):
