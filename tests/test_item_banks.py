@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -120,6 +121,18 @@ def test_same_content_same_id_and_the_grid_is_part_of_it():
     assert engine.CompiledInstance(**{f: getattr(decoded, f) for f in (
         "test_ids", "outcome_labels", "costs", "hypothesis_ids", "class_labels", "class_index", "prior",
         "likelihood", "theta")}).content_hash == inst.content_hash
+
+
+@pytest.mark.parametrize("cut", ["0.8", "-2.4", "0.4", "1.2", "-0.4", "2.8", "-0.5", "0.05", "3.9"])
+def test_a_grid_point_on_a_cut_score_is_in_the_level_above(cut):
+    # By exact arithmetic: the default grid's points are -4 + k·(8/60), and the cut is the decimal
+    # the client wrote; a point at the cut counts in the level above (docs/item-banks.md).
+    body = copy.deepcopy(BANK)
+    body["item_bank"].update(cut_scores=[float(cut)], levels=["below", "above"])
+    inst = compiled(body)
+    exact = [Fraction(-4) + Fraction(8, 60) * k for k in range(61)]
+    expected = ["above" if x >= Fraction(cut) else "below" for x in exact]
+    assert [inst.class_labels[c] for c in inst.class_index] == expected
 
 
 def test_a_level_without_a_grid_point_is_a_warning():
@@ -293,8 +306,9 @@ def test_state_carries_eap_and_sd_of_theta(client):
     state = client.post(url, json={"observations": [{"test": t, "outcome": o} for t, o in answers]}).get_json()
     theta, weights, eap, sd = naive_posterior(answers)
     assert state["theta"] == pytest.approx({"eap": eap, "sd": sd}, abs=1e-9)
-    levels = {"basic": weights[theta < -0.5].sum(), "proficient": weights[(theta >= -0.5) & (theta < 0.8)].sum(),
-              "advanced": weights[theta >= 0.8].sum()}
+    meant = np.round(theta, 9)  # the grid point -4 + 36·(8/60) is 0.8, though linspace rounds it below
+    levels = {"basic": weights[meant < -0.5].sum(), "proficient": weights[(meant >= -0.5) & (meant < 0.8)].sum(),
+              "advanced": weights[meant >= 0.8].sum()}
     assert state["class_posterior"] == pytest.approx({k: v for k, v in levels.items() if v > 0}, abs=1e-9)
     triage = client.post("/v1/sessions", json={"instance": TRIAGE}).get_json()
     assert "theta" not in triage

@@ -60,6 +60,11 @@ def theta_grid(bank: ItemBank, points: int = DEFAULT_GRID_POINTS) -> tuple[np.nd
     else:
         mean, sd = float(prior.mean), float(prior.sd)
         theta = np.linspace(mean - NORMAL_GRID_SDS * sd, mean + NORMAL_GRID_SDS * sd, points)
+        # A point meant to sit on a cut score (0.8 as -4 + 36·(8/60)) may round to just below it
+        # and fall in the level under it: points within a billionth of a step of a cut are the cut.
+        step = 2 * NORMAL_GRID_SDS * sd / max(points - 1, 1)
+        for cut in bank.cut_scores or ():
+            theta[np.abs(theta - float(cut)) <= 1e-9 * step] = float(cut)
         weights = np.exp(-0.5 * ((theta - mean) / sd) ** 2)
     return theta, weights / weights.sum()
 
