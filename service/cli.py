@@ -1,7 +1,8 @@
 """edgecut: adaptive testing with EC² — serve the API, evaluate policies, reproduce the paper.
 
 Each sub-command lives in its own module under ``service/commands/`` and exposes
-``register(subparsers)``; ``COMMANDS`` is the only place that knows them all."""
+``register(subparsers)``; ``COMMANDS`` is the only place that knows them all (a command's module
+is its name with ``_`` for ``-``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 
 from service import __version__
 
-COMMANDS = ("serve", "evaluate", "calibrate", "tree", "simulate", "play")
+COMMANDS = ("serve", "evaluate", "calibrate-exposure", "tree", "simulate", "play")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"edgecut {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        module = importlib.import_module(f"service.commands.{name}")
+        module = importlib.import_module(f"service.commands.{name.replace('-', '_')}")
         module.register(subparsers)
     return parser
 
