@@ -60,9 +60,10 @@ class Settings(BaseSettings):
         "θ points an item bank with a normal prior is compiled on, evenly over the prior's mean ± 4 sd; each is "
         "a hypothesis, so steps cost in proportion (docs/item-banks.md)"))
     big_request_bytes: int = Field(default=1024 * 1024, ge=1024, description=(
-        "a request body at least this big (once inflated) is a big request: a worker serves one at a time and "
-        "answers another that arrives meanwhile 503 `server-busy` with `Retry-After` at once, so what big "
-        "requests allocate never adds up in one worker"))
+        "a request body at least this big (once inflated), or a JSON body estimated (as MAX_PARSE_BYTES counts) to "
+        "hold this much once parsed, is a big request: a worker serves one at a time and answers another that "
+        "arrives meanwhile 503 `server-busy` with `Retry-After` at once, so what big requests allocate never adds "
+        "up in one worker; its instance cache makes room first (INSTANCE_CACHE_BYTES)"))
     max_hypotheses: int = Field(default=1_000_000, ge=1, description=(
         "rows of the compiled instance: its hypotheses, or all their noisy copies after `max_flips`; each costs "
         "its id, prior and class index, ~1.6 µs and ~250 bytes to compile and store (413 `instance-too-large`)"))
