@@ -98,11 +98,12 @@ def check_parse_cost(raw: bytes, settings: Settings) -> None:
 
 _BIG_SLOT = "edgecut.big-request"  # app.extensions: the worker's one slot for a big request
 # What a big request holds at its peak per byte of its body, beyond what the worker held before:
-# measured 6.6 (compact base64) and up to 7.4 (binary .npy) on the 80 MiB float64 likelihood
+# measured 4.2 (compact base64) and up to 4.7 (binary .npy) on the 80 MiB float64 likelihood
 # bodies (the body as received, its parts or decoded array, validation's temporaries, the
-# compiled copy and the copy encoded for Redis; bench/hostile.py --heavy). A JSON body's own
-# estimate (MAX_PARSE_BYTES's count) is used where it is larger.
-HELD_PER_BODY_BYTE = 8
+# compiled copy and the copy encoded for Redis; bench/hostile.py --heavy), with room for a heap
+# that a busier worker left less tidy. A JSON body's own estimate (MAX_PARSE_BYTES's count) is
+# used where it is larger.
+HELD_PER_BODY_BYTE = 6
 
 
 class WorkerBusy(ServiceError):

@@ -40,7 +40,7 @@ class RedisConnection:
         self.redis = LazyClient(lambda: connect(url, cluster=cluster))
         # Bodies of up to hundreds of MB: 1 MiB socket reads, not 64 KiB (fewer syscalls and copies).
         self.bulk = LazyClient(lambda: connect(url, cluster=cluster, socket_timeout=bulk_timeout,
-                                               read_size=1 << 20))
+                                               read_size=1 << 20, big_values=True))
         self.round_trips = 0  # network round trips made (tests and /metrics read it)
 
     def write(self, key: str, commands: list[tuple], *, bulk: bool = False, atomic: bool = False,
