@@ -12,7 +12,7 @@ answer with the same coins: examinee e answers item j right when coin[e, j] < P_
 uniform coin per (examinee, item) drawn in advance, so an item given to the same examinee by both
 gets the same answer.
 
-* edgecut: the item bank compiled on ITEM_BANK_GRID_POINTS θ (default 61), the likelihood default
+* edgecut: the item bank compiled on 61 θ points (ITEM_BANK_GRID_POINTS' default), the likelihood default
   policy (infogain), run in process through the engine (no HTTP): the class at the stop is the
   MAP level, θ̂ the EAP.
 * catsim 0.21: ``MaxInfoSelector`` (maximum information at θ̂), ``NumericalSearchEstimator``
@@ -217,8 +217,8 @@ def cut_aligned_prior(cells: int) -> dict:
     """The N(0, 1) prior on ``cells`` cells over ±4 whose boundaries fall on the cut scores (each
     level tiled by cells of one width, about 8/cells), as a given grid: each cell's centre weighted
     by the prior's mass in it. On the evenly spaced grid a cut falls inside a cell, whose whole
-    mass goes to one level (at 61 points the grid point 0.7999… sits below the cut 0.8 and counts
-    as proficient), so the class posterior's levels are offset by up to half a step."""
+    mass goes to one level (at 61 points −0.5 falls a quarter step inside the cell of −0.53, which
+    counts as basic), so the class posterior's levels are offset by up to half a step."""
     bounds = [-4.0, *CUTS, 4.0]
     edges = [np.linspace(low, high, max(1, round((high - low) * cells / 8)) + 1)[:-1]
              for low, high in zip(bounds[:-1], bounds[1:])]
@@ -229,7 +229,7 @@ def cut_aligned_prior(cells: int) -> dict:
 
 def fixed_length_variants(args, params, theta, right, estimates: np.ndarray) -> str:
     """Fixed length 10 and 20 under each choice that could move edgecut's accuracy: the θ grid
-    (ITEM_BANK_GRID_POINTS, or cells whose boundaries fall on the cut scores), the policy, and the
+    (61, 121 or 201 points, or cells whose boundaries fall on the cut scores), the policy, and the
     level reported (the class posterior's argmax, or the level holding θ̂ EAP). Each cell: edgecut's
     accuracy and its paired difference with catsim's (the same examinees and coins)."""
     truth = level_of(theta)
@@ -249,8 +249,10 @@ def fixed_length_variants(args, params, theta, right, estimates: np.ndarray) -> 
         runs = [edgecut_run(inst, policy, engine.StopRules(max_tests=20), right[e]) for e in range(theta.size)]
         cells = []
         for length in (10, 20):
-            argmax = np.array([classes[length] for classes, _, _ in runs]) == truth
-            eap = level_of(np.array([eaps[length] for _, eaps, _ in runs])) == truth
+            # A run that stopped sooner (effecxtive once no item can move the class posterior) keeps
+            # its last reading.
+            argmax = np.array([classes[min(length, len(classes) - 1)] for classes, _, _ in runs]) == truth
+            eap = level_of(np.array([eaps[min(length, len(eaps) - 1)] for _, eaps, _ in runs])) == truth
             cells += [f"{ours.mean():.1%} ({paired_cell(ours, theirs[length])})" for ours in (argmax, eap)]
         rows.append([label, name, *cells])
     header = ["θ grid", "policy", "10 items, argmax", "10 items, EAP's level", "20 items, argmax",
