@@ -335,6 +335,8 @@ def test_max_se_stops_once_the_posterior_sd_is_small_enough():
 def test_max_se_needs_an_item_bank(client):
     response = client.post("/v1/sessions", json={"instance": TRIAGE, "max_se": 0.3})
     assert response.status_code == 422 and response.mimetype == PROBLEM
+    assert [e["path"] for e in response.get_json()["errors"]] == ["max_se"]
+    assert client.get("/v1/instances").get_json()["items"] == []
     response = client.post("/v1/sessions", json={"instance": BANK, "max_se": 0})
     assert response.status_code == 422
     done = client.post("/v1/sessions", json={"instance": BANK, "max_se": 5.0}).get_json()
@@ -477,6 +479,7 @@ def test_sessions_with_sympson_hetter(client):
         assert client.get(f"/v1/sessions/{state['session_id']}").get_json()["next_test"] == state["next_test"]
     refused = client.post("/v1/sessions", json={"instance": bank_of(), "exposure": exposure})
     assert refused.status_code == 422 and refused.mimetype == PROBLEM
+    assert [e["path"] for e in refused.get_json()["errors"]] == ["exposure.method"]
 
 
 def test_evaluation_draws_exposure_control_per_examinee():

@@ -15,7 +15,7 @@ from flask import Flask, Response, g, has_request_context, request
 from werkzeug.exceptions import HTTPException
 
 from schemas.responses import Problem
-from service.engine import EngineError
+from service.engine import EngineError, StopRuleNotApplicable
 from service.errors import ServiceError
 from service.store import QuotaExceeded, StoreFull, StoreUnavailable
 
@@ -152,8 +152,10 @@ def register_problems(app: Flask, retry_after_seconds: int = 1) -> None:
     @app.errorhandler(EngineError)
     @app.errorhandler(ServiceError)
     def _domain(error: EngineError | ServiceError) -> Response:
-        return problem_response(error.code if error.code in PROBLEMS else "service-error", str(error),
-                                errors=error.errors if isinstance(error, ServiceError) else None)
+        errors = error.errors if isinstance(error, ServiceError) else None
+        if isinstance(error, StopRuleNotApplicable) and error.path is not None:
+            errors = [{"path": error.path, "message": str(error)}]
+        return problem_response(error.code if error.code in PROBLEMS else "service-error", str(error), errors=errors)
 
     @app.errorhandler(StoreUnavailable)
     def _store_unavailable(error: StoreUnavailable) -> Response:

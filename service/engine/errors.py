@@ -46,4 +46,9 @@ class InfeasibleComputation(EngineError):
 
 
 class StopRuleNotApplicable(EngineError):
-    """A stop rule the instance cannot apply (``max_expected_loss`` without losses)."""
+    """A stop rule the instance cannot apply (``max_expected_loss`` without losses); ``path``
+    names the rule as a request spells it (``max_se``, ``exposure.method``), when one asked for it."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path

@@ -185,11 +185,13 @@ def _available(belief: Belief, open_tests: np.ndarray, excluded: np.ndarray | No
 
 def _check_rules_apply(inst, rules: StopRules) -> None:
     if rules.max_expected_loss is not None and inst.loss is None:
-        raise StopRuleNotApplicable("max_expected_loss needs a decision instance with losses ('loss' or 'loss_matrix')")
+        raise StopRuleNotApplicable("max_expected_loss needs a decision instance with losses ('loss' or 'loss_matrix')",
+                                    "max_expected_loss")
     if rules.max_se is not None and inst.theta is None:
-        raise StopRuleNotApplicable("max_se needs an item-bank instance ('item_bank'): others have no θ")
+        raise StopRuleNotApplicable("max_se needs an item-bank instance ('item_bank'): others have no θ", "max_se")
     if rules.sympson_hetter and inst.exposure_parameters is None:
-        raise StopRuleNotApplicable("sympson_hetter needs an item bank whose items give exposure_parameter")
+        raise StopRuleNotApplicable("sympson_hetter needs an item bank whose items give exposure_parameter",
+                                    "exposure.method")
 
 
 def _shown_scores(belief: Belief, policy: Policy, per_cost: np.ndarray, eligible: np.ndarray) -> np.ndarray:
