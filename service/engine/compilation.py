@@ -12,6 +12,7 @@ import numpy as np
 
 from schemas.instance import Instance
 
+from . import blocks
 from .compiled import CompiledInstance
 from .errors import InstanceTooLarge
 from .indistinguishable import instance_warnings
@@ -103,7 +104,7 @@ def compile_instance(instance: Instance, max_cells: int = DEFAULT_MAX_CELLS, max
         _, pattern = np.unique(_row_keys(acceptable), return_inverse=True)
         order = np.lexsort((pattern.reshape(-1), class_index))
     class_index, prior = class_index[order], prior[order]
-    hypothesis_ids = tuple(map(hypothesis_ids.__getitem__, order.tolist()))
+    hypothesis_ids = blocks.mapped(hypothesis_ids.__getitem__, order)
     if likelihood is not None:
         # One copy, straight into the outcome-major layout (mode="clip": the indices are valid,
         # and "raise" would buffer another copy).
@@ -158,7 +159,7 @@ def _class_index(classes: list[str], decision_labels: tuple[str, ...],
         classes = [decision_labels[d] for d in first]
         class_labels = tuple(decision_labels[d] for d in np.unique(first))  # in decision order
     else:
-        class_labels = tuple(dict.fromkeys(classes))
+        class_labels = blocks.first_appearances(classes)
     class_position = {c: i for i, c in enumerate(class_labels)}
     return class_labels, np.array([class_position[c] for c in classes], dtype=np.intp)
 
@@ -213,7 +214,7 @@ def _per_hypothesis_arrays(instance: Instance, test_ids: tuple[str, ...], max_ce
 def _columnar_arrays(instance: Instance, max_cells: int, max_bytes: int):
     """As :func:`_per_hypothesis_arrays`, for the columnar forms (matrix or likelihood tensor)."""
     n, n_tests = instance.n_hypotheses, len(instance.tests)
-    hypothesis_ids = tuple(instance.hypothesis_ids or map(str, range(n)))
+    hypothesis_ids = tuple(instance.hypothesis_ids or blocks.mapped(str, range(n)))
     classes = list(instance.classes) if instance.classes is not None else []
     raw_prior = instance.priors
     # The arrays validation built (either wire form), in their wire dtype: a uint8 matrix

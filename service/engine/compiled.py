@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .blocks import update_joined
 
 # Deterministic instances with at most this many outcomes per test also keep their answers as bit
 # planes (:attr:`CompiledInstance.outcome_bits`, (ℓ − 1)/8 bytes per cell beside the 1 of the
@@ -328,10 +329,8 @@ class CompiledInstance:
             digest.update(chunk)
 
         put(self.kind.encode())
-        for labels in (self.test_ids, self.hypothesis_ids, self.class_labels):
-            put("\x1f".join(labels).encode())
-        for labels in self.outcome_labels:
-            put("\x1f".join(labels).encode())
+        for labels in (self.test_ids, self.hypothesis_ids, self.class_labels, *self.outcome_labels):
+            update_joined(digest, "\x1f", labels)  # a block of labels at a time (blocks.py)
         # Answers of at most two outcomes per test are hashed as the bits they are stored as: an
         # eighth of the bytes (a tenth of a big instance's compile time went to sha256).
         packed = self.packed_outcomes
