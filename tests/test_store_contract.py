@@ -13,6 +13,7 @@ import re
 import sys
 import threading
 import time
+import zlib
 from dataclasses import replace
 
 import numpy as np
@@ -570,6 +571,17 @@ def test_codec_decodes_equal_outcome_label_lists_as_one_shared_tuple():
     assert_same_instance(decoded, inst)
     assert [id(labels) for labels in decoded.outcome_labels].count(id(decoded.outcome_labels[1])) == 6
     assert len({id(labels) for labels in decoded.outcome_labels}) == 2
+
+
+@pytest.mark.parametrize("payload", [TRIAGE, NOISY, {**section3(9), "classes": ["é", "ü", "ø"] * 3}])
+def test_the_header_is_its_fields_then_the_checksum_of_them_and_the_body(payload):
+    # Written from the format's definition: the fields as orjson writes them, then "checksum",
+    # the CRC-32 of those bytes continued over the body.
+    header, body = codec.encode(compiled(payload))
+    fields = orjson.loads(header)
+    checksum = fields.pop("checksum")
+    assert header == orjson.dumps({**fields, "checksum": checksum})
+    assert checksum == f"crc32:{zlib.crc32(body, zlib.crc32(orjson.dumps(fields))):08x}"
 
 
 def test_codec_decodes_a_header_written_without_a_checksum():
