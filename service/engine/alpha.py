@@ -2,15 +2,12 @@
 w(h)·P(X_t = x | h) and reduces them over classes into what the policies read
 (:func:`reduce_over_classes` → :class:`~.belief.OutcomeStats`): whole and vectorised for small
 beliefs, streamed in blocks otherwise (bit planes for singleton classes, cast-and-GEMV blocks,
-per-class sums for big classes, two threads for the biggest). One module, over the usual length:
-the paths share its block constants and are checked against each other by switching them
-(tests/test_engine_paths.py)."""
+per-class sums for big classes, two threads for the biggest, the second from
+service/engine/helper_thread.py). The paths share the block constants here and are checked
+against each other by switching them (tests/test_engine_paths.py)."""
 
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
 import numpy as np
@@ -18,6 +15,7 @@ import numpy as np
 from .belief import Belief, OutcomeStats, xlog2x
 from .compiled import (DENSE_CELLS, PADDED_GROWTH, PADDED_RUNS, CompiledInstance, class_runs, padded_by_runs,
                        pads_runs, sum_runs)
+from .helper_thread import helper
 
 # Cells (rows × tests) per block when accumulating α. Two reasons, both measured in bench/engine.py:
 # the block's float64 image stays in cache, and it stays under OpenBLAS's threshold for threading
@@ -50,8 +48,6 @@ _LOOKUP_BLOCK = 1 << 16
 # than this many alive per group it touches (a version space thinned out by answers) the
 # cast-and-GEMV blocks, which read alive rows only, cost less.
 _MIN_GROUP_FILL = 3.5
-_helper_thread: ThreadPoolExecutor | None = None
-_helper_lock = threading.Lock()
 
 
 class _Sums:
@@ -362,28 +358,10 @@ def _classes_alpha_split(inst: CompiledInstance, rows_of, weight: np.ndarray, st
         return _classes_alpha(inst, rows_of, weight, starts, ends, block_rows, width, arity)
     cumulative = np.cumsum(rows)
     half = int(np.clip(np.searchsorted(cumulative, cumulative[-1] / 2) + 1, 1, len(starts) - 1))
-    first = _helper().submit(_classes_alpha, inst, rows_of, weight, starts[:half], ends[:half],
+    first = helper().submit(_classes_alpha, inst, rows_of, weight, starts[:half], ends[:half],
                              block_rows, width, arity)
     second = _classes_alpha(inst, rows_of, weight, starts[half:], ends[half:], block_rows, width, arity)
     return np.concatenate((first.result(), second))
-
-
-def _helper() -> ThreadPoolExecutor:
-    global _helper_thread
-    with _helper_lock:
-        if _helper_thread is None:
-            _helper_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgecut-alpha")
-        return _helper_thread
-
-
-def _forget_helper_after_fork() -> None:
-    # A forked child (gunicorn worker, multiprocessing) inherits the executor but not its
-    # thread: work submitted to it would never run. The child starts its own when needed.
-    global _helper_thread, _helper_lock
-    _helper_thread, _helper_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_helper_after_fork)
 
 
 def _classes_alpha(inst: CompiledInstance, rows_of, weight: np.ndarray, starts: np.ndarray, ends: np.ndarray,
