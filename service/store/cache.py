@@ -91,19 +91,20 @@ class ByteBoundedLRU:
                 return False
             self._entries[key] = entry
             self._bytes += entry.nbytes
-            while self._bytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.nbytes
-                self.evictions += 1
+            self._evict_until_fits(0)
             return True
 
     def make_room(self, nbytes: int) -> None:
         """Evict the least recently used until ``nbytes`` more fit the budget (or nothing is left)."""
         with self._lock:
-            while self._entries and self._bytes + nbytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.nbytes
-                self.evictions += 1
+            self._evict_until_fits(nbytes)
+
+    def _evict_until_fits(self, nbytes: int) -> None:
+        # Called with the lock held.
+        while self._entries and self._bytes + nbytes > self.max_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= evicted.nbytes
+            self.evictions += 1
 
     def discard(self, key) -> None:
         with self._lock:
