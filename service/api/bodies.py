@@ -24,7 +24,7 @@ from .content_encoding import inflated
 from .context import services
 from .duplicate_keys import refuse_duplicate_keys
 from .errors import MalformedJson, RequestValidationFailed, UnreadableBody, UnsupportedMediaType
-from .limits import HELD_PER_BODY_BYTE, check_depth, check_parse_cost, check_request, hold_big_request
+from .limits import check_depth, check_parse_cost, check_request, hold_big_request
 from .multipart import instance_parts
 from .responses import JSON_MEDIA_TYPE
 
@@ -82,7 +82,7 @@ def parse_body(model: type[Model], array_parts: tuple[str, ...] = ()) -> Model:
     settings = services().settings
     if _is_json(served.mimetype):
         raw = _read_body(served, settings)
-        hold_big_request(len(raw), settings, HELD_PER_BODY_BYTE * len(raw))  # one at a time (service/api/limits.py)
+        hold_big_request(len(raw), settings)  # one at a time (service/api/limits.py)
         return _validated(_loaded(raw, settings), model, settings)
     boundary = served.mimetype_params.get("boundary") if served.mimetype == MULTIPART_MEDIA_TYPE else None
     if not array_parts or not boundary:
@@ -90,7 +90,7 @@ def parse_body(model: type[Model], array_parts: tuple[str, ...] = ()) -> Model:
         accepted = JSON_MEDIA_TYPE + (f" or {MULTIPART_MEDIA_TYPE} (with a boundary)" if array_parts else "")
         raise UnsupportedMediaType(f"send the body as {accepted} (Content-Type was {shown})")
     raw = _read_body(served, settings)
-    hold_big_request(len(raw), settings, HELD_PER_BODY_BYTE * len(raw))
+    hold_big_request(len(raw), settings)
     document, arrays = instance_parts(raw, boundary, array_parts)
     data = _loaded(document, settings)
     if not isinstance(data, dict):

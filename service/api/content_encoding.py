@@ -9,7 +9,7 @@ from flask import Request
 from service.settings import Settings
 
 from .errors import BodyTooLarge, UnreadableBody, UnsupportedMediaType
-from .limits import HELD_PER_BODY_BYTE, hold_big_request
+from .limits import hold_big_request
 
 GZIP_CODINGS = ("gzip", "x-gzip")
 GZIP_WBITS = 16 + zlib.MAX_WBITS  # gzip framing only
@@ -34,7 +34,7 @@ def inflated(served: Request, raw: bytes, settings: Settings) -> bytes:
         head = _inflate(raw, big)
         if len(head) < big:
             return head  # the whole body
-        hold_big_request(len(head), settings, HELD_PER_BODY_BYTE * len(head))
+        hold_big_request(len(head), settings)
         # Inflated again from the start rather than continued: joining two pieces would copy the
         # whole body once more; re-inflating the first costs ~2 ms per MiB.
         del head

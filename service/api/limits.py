@@ -162,10 +162,11 @@ def big_request_in_flight(app: object) -> bool:
     return slot is not None and slot.busy
 
 
-def hold_big_request(size: int, settings: Settings, holds: int) -> None:
+def hold_big_request(size: int, settings: Settings, holds: int | None = None) -> None:
     """Called by parse_body with the body's size once read (and inflated), and with what a JSON
     body is estimated to hold once parsed (:func:`check_parse_cost`); ``holds``: what the request
-    is expected to hold at its peak. The per-request limits bound one request; this keeps a
+    is expected to hold at its peak (default: HELD_PER_BODY_BYTE per byte of a body of ``size``).
+    The per-request limits bound one request; this keeps a
     worker's threads from running several big ones at once, whose objects would add up (and
     whose parsing would share one GIL with every other request), and makes room for the one it
     runs: the worker's instance cache gives up its least recently used instances until it and
@@ -181,7 +182,7 @@ def hold_big_request(size: int, settings: Settings, holds: int) -> None:
             raise WorkerBusy(f"this worker is serving another request of at least {settings.big_request_bytes} "
                              f"bytes (BIG_REQUEST_BYTES); retry after Retry-After seconds")
         g.setdefault(_BIG_SLOT, True)
-    slot.make_room(holds)
+    slot.make_room(HELD_PER_BODY_BYTE * size if holds is None else holds)
 
 
 def _bracket_depth(raw: bytes) -> int:
