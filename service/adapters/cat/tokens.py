@@ -111,9 +111,9 @@ def session_state_of(token: str, section: Section, session_id: str) -> SessionSt
         data = decode(token)
         if not isinstance(data, dict) or data.get("s") != session_id:
             raise ValueError("not the CAT session's state")
-        if stateless and data.get("x") != section.digest():
-            raise SessionNotFound(f"no session '{session_id}' in this section (its state is another section's)")
         if stateless:
+            if data.get("x") != section.digest():
+                raise SessionNotFound(f"no session '{session_id}' in this section (its state is another section's)")
             answers = data.get("o")
             if not isinstance(answers, list) or not all(
                     isinstance(a, list) and len(a) == 2 and isinstance(a[0], str) and isinstance(a[1], (str, type(None)))
