@@ -48,58 +48,12 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import RedisServer, free_port  # noqa: E402  (the test suite's launchers)
+from conftest import RedisServer  # noqa: E402  (the test suite's launcher)
+
+from bench.floor import cpu_seconds, start_gunicorn, wait_http  # noqa: E402
 
 PROCESSES = 4
 RPS_GOAL, P99_GOAL = 0.8, 1.5  # × the floor's: the service's goals (docs/api.md, "Benchmark")
-
-
-# --- the floor: one Redis GET + SET per request ------------------------------------------
-
-
-def floor_app():
-    """gunicorn ``bench.http_api:floor_app()``: the cheapest useful Redis-backed JSON endpoint."""
-    import redis
-    from flask import Flask, Response, request
-
-    app = Flask("floor")
-    client = redis.Redis.from_url(os.environ["REDIS_URL"])
-
-    @app.post("/floor/<key>")
-    def floor(key: str) -> Response:
-        body = orjson.loads(request.get_data())
-        current = client.get(f"floor:{key}")
-        client.set(f"floor:{key}", orjson.dumps({"previous": len(current or b""), **body}))
-        return Response(orjson.dumps({"ok": True, "key": key}), content_type="application/json")
-
-    return app
-
-
-# --- processes ---------------------------------------------------------------------------
-
-
-def wait_http(port: int, path: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", path)
-            if conn.getresponse().status < 500:
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing answered on port {port}")
-
-
-def start_gunicorn(app: str, env: dict[str, str], workers: int) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    process = subprocess.Popen(
-        # Workers are not recycled during the run: a worker restarting in the middle of a round
-        # (service/gunicorn_conf.py: every 20 000 requests or so) would hit one side of it.
-        [sys.executable, "-m", "gunicorn", "--config", "python:service.gunicorn_conf", "--bind", f"127.0.0.1:{port}",
-         "--workers", str(workers), "--max-requests", "0", app],
-        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return process, port
 
 
 # --- instances ---------------------------------------------------------------------------
@@ -240,31 +194,6 @@ def _process(kind: str, args: tuple, threads: int, sync: tuple, out, seed: int) 
     out.put(("client_cpu", time.process_time() - started))
 
 
-def cpu_seconds(pids: list[int]) -> dict[int, float]:
-    """CPU seconds (user + system) each process has used, from /proc; a gunicorn master's workers
-    are listed afresh each time (a worker may have been recycled)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    used = {}
-    for pid in pids:
-        for child in [pid, *_children(pid)]:
-            try:
-                fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            used[child] = (int(fields[11]) + int(fields[12])) / ticks
-    return used
-
-
-def _children(pid: int) -> list[int]:
-    children = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return children
-
-
 def drive(kind: str, args: tuple, connections: int, seconds: float, server: list[int], redis_pid: int) -> dict:
     """One timed run: every connection prepares, then all start together. Besides the client's
     view, the CPU the server's processes (gunicorn's workers; and redis-server) spent per request
@@ -399,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {"REDIS_URL": redis_url, "LOG_LEVEL": "warning", "MAX_BODY_BYTES": str(256 * 1024 * 1024),
                "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="edgecut-bench-metrics-")}
         edgecut, edgecut_port = start_gunicorn("service.app:create_app()", env, args.workers)
-        floor, floor_port = start_gunicorn("bench.http_api:floor_app()", {**env, "PROMETHEUS_MULTIPROC_DIR":
+        floor, floor_port = start_gunicorn("bench.floor:floor_app()", {**env, "PROMETHEUS_MULTIPROC_DIR":
                                            tempfile.mkdtemp(prefix="edgecut-bench-metrics-")}, args.workers)
         servers += [edgecut, floor]
         wait_http(edgecut_port, "/readyz")

@@ -111,7 +111,8 @@ def on_starting(server) -> None:
 def post_worker_init(worker) -> None:
     # The app is loaded: its modules' objects (~70 000 containers) will never be garbage, so
     # they leave the collector's generations, and a full collection walks only what requests
-    # made (bench/http_api.py, noisy: a worker's full collections paused it 140-190 ms, now ~40).
+    # made (bench/http_api.py, noisy: a worker's full collections pause it ~40 ms with the
+    # freeze, 140-190 ms without).
     gc.freeze()
 
 
