@@ -127,16 +127,26 @@ class ObservationCorrection(_Request):
 
 class Exposure(_Request):
     """Exposure control: ``randomesque`` draws the next test uniformly among the ``k`` best;
-    ``sympson_hetter`` gives a chosen item with its ``exposure_parameter`` in the item bank."""
+    ``sympson_hetter`` gives a chosen item with its ``exposure_parameter`` in the item bank;
+    ``progressive`` scores each test by a random draw blended with its gain, the gain's weight
+    growing with the step (needs max_tests); ``progressive_sympson_hetter`` applies both."""
 
-    method: Literal["randomesque", "sympson_hetter"]
+    method: Literal["randomesque", "sympson_hetter", "progressive", "progressive_sympson_hetter"]
     k: Annotated[StrictInt, Field(ge=1, le=MAX_RANDOMESQUE_K)] | None = None
 
     @model_validator(mode="after")
     def _k_for_randomesque(self) -> Exposure:
         if (self.method == "randomesque") != (self.k is not None):
-            raise ValueError("randomesque takes k (how many of the best to draw among); sympson_hetter takes none")
+            raise ValueError("randomesque takes k (how many of the best to draw among); the other methods take none")
         return self
+
+    @property
+    def progressive(self) -> bool:
+        return self.method.startswith("progressive")
+
+    @property
+    def sympson_hetter(self) -> bool:
+        return self.method.endswith("sympson_hetter")
 
 
 class StepConfig(_Request):

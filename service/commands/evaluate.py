@@ -75,6 +75,9 @@ def add_stop_rules(parser: argparse.ArgumentParser, sympson_hetter: bool = True)
                         help="item banks: stop once the posterior SD of θ is at most this")
     parser.add_argument("--randomesque", type=int, default=None, metavar="K",
                         help="exposure control: draw each test among the K best (seeded per run)")
+    parser.add_argument("--progressive", action="store_true",
+                        help="exposure control: score each test by a random draw blended with its gain, the gain's "
+                        "weight growing with the step (needs --max-tests; seeded per run)")
     if sympson_hetter:
         parser.add_argument("--sympson-hetter", action="store_true",
                             help="exposure control with the item bank's exposure_parameter (seeded per run)")
@@ -84,7 +87,7 @@ def stop_rules(args: argparse.Namespace) -> engine.StopRules:
     return engine.StopRules(max_tests=args.max_tests, max_cost=args.max_cost, confidence=args.confidence,
                             max_expected_loss=args.max_expected_loss, max_se=args.max_se,
                             randomesque=args.randomesque,
-                            sympson_hetter=getattr(args, "sympson_hetter", False))
+                            sympson_hetter=getattr(args, "sympson_hetter", False), progressive=args.progressive)
 
 
 def _names(text: str) -> list[str]:

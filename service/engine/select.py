@@ -70,6 +70,9 @@ class StopRules(NamedTuple):
     randomesque: int | None = None
     # Sympson–Hetter with the item bank's exposure parameters (item_bank.py), seeded by seed.
     sympson_hetter: bool = False
+    # The progressive method: each test's score a blend of a random draw and its gain, the gain's
+    # weight growing with the step (needs max_tests), seeded by (seed, step).
+    progressive: bool = False
 
     def effective_confidence(self, inst: CompiledInstance) -> float | None:
         if self.confidence is not None:
@@ -161,6 +164,9 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
 
     if policy.seeded:
         return _seeded_choice(belief, rules, seed, informative, scores, batch_size)
+    if rules.progressive:
+        ratio = _progressive(ratio, informative, len(belief.answers) / rules.max_tests, seed, len(belief.observations))
+        best = int(ratio.argmax())
     chosen = _earliest_best(ratio, best)
     if rules.randomesque is not None and rules.randomesque > 1:
         chosen = _randomesque(ratio, informative, rules.randomesque, seed, len(belief.observations))
@@ -192,6 +198,9 @@ def _check_rules_apply(inst, rules: StopRules) -> None:
     if rules.sympson_hetter and inst.exposure_parameters is None:
         raise StopRuleNotApplicable("sympson_hetter needs an item bank whose items give exposure_parameter",
                                     "exposure.method")
+    if rules.progressive and rules.max_tests is None:
+        raise StopRuleNotApplicable("progressive needs max_tests: the gain's weight grows with the step towards the "
+                                    "last", "exposure.method")
 
 
 def _shown_scores(belief: Belief, policy: Policy, per_cost: np.ndarray, eligible: np.ndarray) -> np.ndarray:
@@ -375,6 +384,17 @@ def _randomesque(ratio: np.ndarray, informative: np.ndarray, k: int, seed: int, 
     order = np.argsort(-np.where(informative, ratio, -np.inf), kind="stable")
     best = order[:min(k, int(informative.sum()))]
     return int(np.random.default_rng([seed, step, 1]).choice(best))
+
+
+def _progressive(ratio: np.ndarray, informative: np.ndarray, progress: float, seed: int, step: int) -> np.ndarray:
+    """The progressive method (Revuelta & Ponsoda 1998, JEM 35(4), 311–327): each informative
+    test scores (1 − w)·R + w·g, g its gain per cost, R uniform on [0, the best g], w the share of
+    the test already given (``progress``, at most 1). The first test is drawn at random among the
+    informative ones, the last almost by gain alone. The draws come from (seed, step, 3): a replay
+    of the same observations scores the same, and the stream differs from randomesque's."""
+    weight = min(progress, 1.0)
+    drawn = np.random.default_rng([seed, step, 3]).uniform(size=ratio.size) * ratio[informative].max()
+    return np.where(informative, (1.0 - weight) * drawn + weight * np.where(informative, ratio, 0.0), -np.inf)
 
 
 def _decided(belief: Belief, confidence: float | None, max_expected_loss: float | None) -> bool:

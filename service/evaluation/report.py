@@ -194,7 +194,8 @@ def evaluate(
                "confidence": rules.effective_confidence(inst), "max_expected_loss": rules.max_expected_loss,
                **({} if rules.max_se is None else {"max_se": rules.max_se}),
                **({} if rules.randomesque is None else {"randomesque": rules.randomesque}),
-               **({"sympson_hetter": True} if rules.sympson_hetter else {})},
+               **({"sympson_hetter": True} if rules.sympson_hetter else {}),
+               **({"progressive": True} if rules.progressive else {})},
         seed=seed, policies=results, optimum=opt, optimum_note=note,
         ec2_bound=log_p_min_bound(inst) if inst.kind == "deterministic" and not inst.is_decision else None,
         elapsed_seconds=time.monotonic() - started,
@@ -352,7 +353,7 @@ def simulate(inst: CompiledInstance, policy, rules: StopRules, seed: int, truths
     runs = []
     tick = max(1, truths.size // 100)
     for i, h in enumerate(truths.tolist()):
-        run_seed = (seed << 32) + i if rules.randomesque is not None or rules.sympson_hetter else seed
+        run_seed = (seed << 32) + i if rules.randomesque is not None or rules.sympson_hetter or rules.progressive else seed
         runs.append(run_policy(inst, h, policy, rules, run_seed, rng=np.random.default_rng([seed, i]), check=check))
         if progress and (i + 1) % tick == 0:
             progress(tick)

@@ -144,7 +144,8 @@ class Sessions:
             max_expected_loss=None if request.max_expected_loss is None else float(request.max_expected_loss),
             max_se=None if request.max_se is None else float(request.max_se),
             randomesque=None if request.exposure is None else request.exposure.k,
-            sympson_hetter=True if request.exposure and request.exposure.method == "sympson_hetter" else None,
+            sympson_hetter=True if request.exposure and request.exposure.sympson_hetter else None,
+            progressive=True if request.exposure and request.exposure.progressive else None,
             seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
             exclude_tests=excluded, batch_size=request.batch_size,
         )
@@ -212,7 +213,8 @@ def stop_rules(config: StepConfig | EvaluateRequest) -> engine.StopRules:
                             None if config.max_expected_loss is None else float(config.max_expected_loss),
                             None if config.max_se is None else float(config.max_se),
                             None if config.exposure is None else config.exposure.k,
-                            config.exposure is not None and config.exposure.method == "sympson_hetter")
+                            config.exposure is not None and config.exposure.sympson_hetter,
+                            config.exposure is not None and config.exposure.progressive)
 
 
 def checked_exclusions(compiled: engine.CompiledInstance, config: StepConfig) -> tuple[str, ...]:

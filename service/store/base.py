@@ -61,6 +61,7 @@ class SessionRecord:
     max_se: float | None = None  # item banks: stop once θ's posterior SD is at most this
     randomesque: int | None = None  # exposure control: draw among the k best (seeded by seed and session id)
     sympson_hetter: bool | None = None  # exposure control with the item bank's parameters (the same seed)
+    progressive: bool | None = None  # exposure control: gain blended with a random draw (the same seed)
 
     def with_observations(self, observations: tuple[tuple[str, str | None], ...],
                           expires_at: float | None = None) -> SessionRecord:

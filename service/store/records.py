@@ -11,9 +11,9 @@ from .base import CorruptRecord, SessionRecord
 
 _RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost", "confidence", "seed",
                   "observations", "version", "created_at", "tenant", "max_expected_loss", "exclude_tests",
-                  "batch_size", "max_se", "randomesque", "sympson_hetter")
+                  "batch_size", "max_se", "randomesque", "sympson_hetter", "progressive")
 # Written only when set, so records without them encode as they always did.
-_SPARSE_FIELDS = {"max_se", "randomesque", "sympson_hetter"}
+_SPARSE_FIELDS = {"max_se", "randomesque", "sympson_hetter", "progressive"}
 
 
 def encode_record(record: SessionRecord) -> bytes:
@@ -30,10 +30,10 @@ _RECORD_TYPES = {"session_id": _TEXT, "instance_id": _TEXT, "policy": _TEXT, "ma
                  "max_cost": _NUMBER, "confidence": _NUMBER, "seed": _COUNT, "observations": (list,),
                  "version": _COUNT, "created_at": _NUMBER, "tenant": _TEXT, "max_expected_loss": _NUMBER,
                  "exclude_tests": (list,), "batch_size": _COUNT, "max_se": _NUMBER,
-                 "randomesque": _COUNT, "sympson_hetter": (bool,)}
+                 "randomesque": _COUNT, "sympson_hetter": (bool,), "progressive": (bool,)}
 # May be null, or absent from records written before the field existed.
 _OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence", "max_expected_loss", "max_se", "randomesque",
-                    "sympson_hetter"}
+                    "sympson_hetter", "progressive"}
 # Absent from records written before the field existed: read as these.
 _FIELD_DEFAULTS = {"exclude_tests": [], "batch_size": 1}
 
