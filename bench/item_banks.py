@@ -47,7 +47,6 @@ accuracy change paired with the uncontrolled run.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import statistics
 import sys
@@ -261,88 +260,6 @@ def fixed_length_variants(args, params, theta, right, estimates: np.ndarray) -> 
             f"20 items {accuracy_cell(theirs[20])}")
 
 
-AREAS = {"number": 0.5, "algebra": 0.3, "geometry": 0.2}
-
-
-def fixed_length(inst, policy, rules, right, truth) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
-    """Every examinee to 20 items under ``rules``, each examinee's draws seeded by its number:
-    (items given per item, right level per examinee, the items each was given)."""
-    given = np.zeros(inst.n_tests)
-    correct = np.zeros(truth.size, dtype=bool)
-    asked = []
-    for e in range(truth.size):
-        observations: list = []
-        belief = None
-        while True:
-            belief = engine.observe(inst, observations, belief)
-            decision = engine.decide(belief, policy, rules, seed=e)
-            if decision.done:
-                break
-            observations = observations + [(decision.next_test, int(right[e, decision.next_test]))]
-        asked.append([t for t, _ in observations])
-        given[asked[-1]] += 1
-        correct[e] = int(np.argmax(belief.class_mass)) == truth[e]
-    return given, correct, asked
-
-
-def exposure(args, params, theta, right) -> str:
-    """Fixed length 20 at two cut scores: no control, randomesque k = 5, and Sympson–Hetter with
-    parameters from ``calibrate_exposure`` (on its own examinees drawn from the prior, seed
-    args.seed + 1), alone and under randomesque; then content balancing over three areas.
-    Accuracy, the share of examinees given the most-used item, the paired accuracy change."""
-    from service.evaluation.exposure import calibrate_exposure
-
-    body = item_bank(params, CUTS)
-    inst = engine.compile_instance(Instance.model_validate(body))
-    policy = engine.resolve_policy(inst, None)
-    truth = level_of(theta)
-    plain = engine.StopRules(max_tests=20)
-    runs = [("none", inst, plain), ("randomesque k = 5", inst, plain._replace(randomesque=5))]
-    for target, k in ((0.3, None), (0.25, None), (0.3, 5)):
-        rules = plain._replace(randomesque=k, sympson_hetter=True)
-        started = time.perf_counter()
-        calibration = calibrate_exposure(inst, target, rules, examinees=args.calibration_examinees,
-                                         iterations=args.calibration_iterations, seed=args.seed + 1)
-        seconds = time.perf_counter() - started
-        calibrated = dataclasses.replace(inst, exposure_parameters=calibration.exposure_parameters)
-        name = "Sympson–Hetter" if k is None else f"randomesque k = {k} + Sympson–Hetter"
-        print(f"{name}, target {target}: top rate per iteration "
-              f"{[round(step.top_rate, 3) for step in calibration.iterations]}, "
-              f"{int((calibration.exposure_parameters < 1).sum())} items with K < 1, {seconds:.0f} s", file=sys.stderr)
-        runs.append((f"{name} calibrated to {target}", calibrated, rules))
-    rows, baseline = [], None
-    for name, compiled, rules in runs:
-        given, correct, _ = fixed_length(compiled, policy, rules, right, truth)
-        baseline = correct if baseline is None else baseline
-        top = int(np.argmax(given))
-        rows.append([name, accuracy_cell(correct), f"{given[top] / theta.size:.1%} ({inst.test_ids[top]})",
-                     "-" if correct is baseline else paired_cell(correct, baseline)])
-    exposure_table = table(["exposure control", "accuracy at 20 items", "most-used item's rate", "change (paired)"],
-                           rows)
-    return exposure_table + "\n\n" + content_balancing(body, policy, plain, right, truth, baseline)
-
-
-def content_balancing(body, policy, rules, right, truth, baseline) -> str:
-    """The same bank with its items dealt to three areas in turn (item j to area j mod 3) and
-    ``AREAS``'s target shares: the paired accuracy change, and how closely 20 items keep them."""
-    names = list(AREAS)
-    items = [{**item, "content_area": names[j % len(names)]} for j, item in enumerate(body["item_bank"]["items"])]
-    balanced = {"item_bank": {**body["item_bank"], "items": items, "content_balance": {"targets": AREAS}}}
-    inst = engine.compile_instance(Instance.model_validate(balanced))
-    given, correct, asked = fixed_length(inst, policy, rules, right, truth)
-    counts = np.array([np.bincount(inst.content_area[a], minlength=len(names)) for a in asked])  # (E, areas)
-    targets = np.array(list(AREAS.values())) * 20
-    off = np.abs(counts - targets)
-    top = int(np.argmax(given))
-    rows = [["content balancing, " + ", ".join(f"{a} {share:.0%}" for a, share in AREAS.items()),
-             accuracy_cell(correct), paired_cell(correct, baseline),
-             " / ".join(f"{m:.1f}" for m in counts.mean(axis=0)),
-             f"{(off <= 1).all(axis=1).mean():.1%} (at most {off.max():g} off)", f"{given[top] / truth.size:.1%} ({inst.test_ids[top]})"]]
-    return table(["run", "accuracy at 20 items", "change (paired)", "mean items per area (targets "
-                  + " / ".join(f"{t:g}" for t in targets) + ")", "examinees within 1 item of every target",
-                  "most-used item's rate"], rows)
-
-
 def selection_times(args, catsim) -> str:
     rows = []
     for n_items in (300, 3000):
@@ -400,10 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     bank = catsim.item_bank.ItemBank(np.column_stack([params, np.ones(args.items)]))
     parts = (bank, catsim.selection.MaxInfoSelector(), catsim.estimation.NumericalSearchEstimator(), catsim.irt.see)
 
+    from bench.item_bank_exposure import exposure  # it reads this module's helpers
+
     print(f"{args.items} 3PL items, {args.examinees} examinees, seed {args.seed}; catsim "
           f"{getattr(catsim, '__version__', '0.21')}; 95 % intervals in brackets\n")
     if args.only == "exposure":
-        print("## Exposure control\n\n" + exposure(args, params, theta, right) + "\n")
+        print("## Exposure control\n\n" + exposure(args, params, theta, right, parts) + "\n")
         print(f"({time.perf_counter() - started:.0f} s)")
         return 0
     if args.only == "times":
@@ -417,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     tables, found = classification(args, params, theta, right, parts)
     print("## Classification at two cut scores\n\n" + tables + "\n")
     print("## θ estimation\n\n" + estimation(args, params, theta, right, found["estimates"]) + "\n")
-    print("## Exposure control\n\n" + exposure(args, params, theta, right) + "\n")
+    print("## Exposure control\n\n" + exposure(args, params, theta, right, parts) + "\n")
     print("## Time per selection\n\n" + selection_times(args, catsim) + "\n")
     print(f"({time.perf_counter() - started:.0f} s)")
     return 0
