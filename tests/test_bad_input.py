@@ -209,6 +209,7 @@ CATALOGUE = [
     Bad("evaluate: confidence true", "/v1/instances/{iid}/evaluate", {"confidence": True}),
     Bad("evaluate: max_se 0", "/v1/instances/{iid}/evaluate", {"max_se": 0}),
     Bad("evaluate: randomesque without k", "/v1/instances/{iid}/evaluate", {"exposure": {"method": "randomesque"}}),
+    Bad("evaluate: progressive with k", "/v1/instances/{iid}/evaluate", {"exposure": {"method": "progressive", "k": 5}}),
     Bad("evaluate past EVALUATION_TIME_LIMIT", "/v1/instances/{iid}/evaluate", {"policies": ["ec2"]}, 422,
         "evaluation-limit"),
     Bad("tree past EVALUATION_TIME_LIMIT", "/v1/instances/{iid}/tree?policy=ec2", None, 422, "evaluation-limit",

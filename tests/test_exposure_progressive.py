@@ -162,6 +162,22 @@ def test_http_evaluate_reports_what_edgecut_evaluate_does(client):
     assert report["policies"][0]["top_exposure"] == cli.policies[0].top_exposure
 
 
+def test_edgecut_evaluate_reports_the_same(tmp_path, capsys):
+    import json
+
+    from service.cli import main
+
+    body = bank_of()
+    path = tmp_path / "bank.json"
+    path.write_text(json.dumps(body))
+    assert main(["evaluate", str(path), "--policies", "infogain", "--samples", "300", "--max-tests", "1",
+                 "--progressive", "--format", "json", "--no-progress", "--no-optimum"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    engine_side = evaluate(compiled(body), ["infogain"], engine.StopRules(max_tests=1, progressive=True), samples=300)
+    assert report["rules"]["progressive"] is True
+    assert report["policies"][0]["top_exposure"] == engine_side.policies[0].top_exposure < 0.1
+
+
 @pytest.mark.parametrize("request_body, path", [
     ({"exposure": {"method": "progressive", "k": 5}}, "exposure"),
     ({"exposure": {"method": "progressive_sympson_hetter", "k": 5}}, "exposure"),
