@@ -20,7 +20,7 @@ from service import engine
 from service.store import Quotas, SessionStore, StoreUnavailable, codec, create_store
 from service.store.cache import resident_bytes
 
-from .api import evaluation, health, instances, limits, observability, security, select, sessions
+from .api import evaluation, health, instances, isolation, limits, observability, security, select, sessions
 from .api.context import EXTENSION, Services
 from .api.responses import OrjsonProvider
 from .api.problems import register_problems
@@ -89,6 +89,12 @@ def warm_up(app: Any) -> None:
         log.warning("the store did not answer before the first request: %s", error)
     except Exception:  # a bug here must not cost the worker: its requests connect on their own
         log.exception("warming up the store failed")
+    isolated = app.extensions.get(isolation.EXTENSION)
+    if isolated is not None:
+        try:
+            isolated.warm()
+        except Exception:  # started again by the first big request
+            log.exception("starting the isolated process failed")
 
 
 def rehearse() -> None:

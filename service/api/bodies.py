@@ -9,6 +9,7 @@ the numpy array of its field.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -24,7 +25,8 @@ from .content_encoding import inflated
 from .context import services
 from .duplicate_keys import refuse_duplicate_keys
 from .errors import MalformedJson, RequestValidationFailed, UnreadableBody, UnsupportedMediaType
-from .limits import check_depth, check_parse_cost, check_request, hold_big_request
+from .limits import check_depth, check_parse_cost, check_request, hold_big_request, holding_big_request
+from .isolation import parsed_in_isolation
 from .multipart import instance_parts
 from .responses import JSON_MEDIA_TYPE
 
@@ -77,13 +79,26 @@ def _read_body(served: Request, settings: Settings) -> bytes:
 
 def parse_body(model: type[Model], array_parts: tuple[str, ...] = ()) -> Model:
     """The request body as ``model``. ``array_parts``: the top-level array fields a
-    ``multipart/form-data`` body may carry as ``.npy`` parts (none: JSON only)."""
+    ``multipart/form-data`` body may carry as ``.npy`` parts (none: JSON only). A big request
+    (service/api/limits.py) carrying an instance is parsed, validated and compiled by the
+    worker's isolated process (service/api/isolation.py), with the same refusals."""
     served = request
     settings = services().settings
     if _is_json(served.mimetype):
         raw = _read_body(served, settings)
         hold_big_request(len(raw), settings)  # one at a time (service/api/limits.py)
-        return _validated(_loaded(raw, settings), model, settings)
+        # Before orjson builds a single object. A body big by its bytes is not made bigger by
+        # it, and one parsed by the isolated process is checked there: its passes over 80 MB
+        # take ~0.2 s holding the GIL.
+        cost_checked = not holding_big_request()
+        if cost_checked:
+            check_parse_cost(raw, settings)  # may make it big
+        isolated = parsed_in_isolation(model, raw)
+        if isolated is not None:
+            return isolated
+        if not cost_checked:
+            check_parse_cost(raw, settings)
+        return validated(loaded(raw, settings), model, settings)
     boundary = served.mimetype_params.get("boundary") if served.mimetype == MULTIPART_MEDIA_TYPE else None
     if not array_parts or not boundary:
         shown = served.mimetype or "none"
@@ -91,8 +106,19 @@ def parse_body(model: type[Model], array_parts: tuple[str, ...] = ()) -> Model:
         raise UnsupportedMediaType(f"send the body as {accepted} (Content-Type was {shown})")
     raw = _read_body(served, settings)
     hold_big_request(len(raw), settings)
+    isolated = parsed_in_isolation(model, raw, boundary, array_parts)
+    if isolated is not None:
+        return isolated
+    data, arrays = from_parts(raw, boundary, array_parts, settings, check_parse_cost)
+    return validated(data, model, settings, arrays)
+
+
+def from_parts(raw: bytes, boundary: str, array_parts: tuple[str, ...], settings: Settings,
+               check_cost: Callable[[bytes, Settings], object]) -> tuple[dict, dict]:
+    """A binary body's instance part parsed (``check_cost`` on its bytes first) and its arrays."""
     document, arrays = instance_parts(raw, boundary, array_parts)
-    data = _loaded(document, settings)
+    check_cost(document, settings)
+    data = loaded(document, settings)
     if not isinstance(data, dict):
         raise RequestValidationFailed("the request body has 1 problem(s)", [
             {"path": "instance", "message": "the instance part must be a JSON object"}])
@@ -101,12 +127,12 @@ def parse_body(model: type[Model], array_parts: tuple[str, ...] = ()) -> Model:
         raise RequestValidationFailed(f"the request body has {len(given_twice)} problem(s)", [
             {"path": name, "message": "given both in the instance part and as a part of its own"}
             for name in given_twice])
-    return _validated({**data, **arrays}, model, settings)
+    return data, arrays
 
 
-def _loaded(raw: bytes, settings: Settings) -> Any:
-    """``raw`` parsed as JSON, within the depth limit, with no object repeating a key."""
-    check_parse_cost(raw, settings)  # before orjson builds a single object
+def loaded(raw: bytes, settings: Settings) -> Any:
+    """``raw`` parsed as JSON, within the depth limit, with no object repeating a key (its
+    parse cost checked by the caller, before)."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
@@ -116,9 +142,10 @@ def _loaded(raw: bytes, settings: Settings) -> Any:
     return data
 
 
-def _validated(data: Any, model: type[Model], settings: Settings) -> Model:
+def validated(data: Any, model: type[Model], settings: Settings, arrays: dict | None = None) -> Model:
+    """``data`` (with a binary body's ``arrays``) as ``model``, within the request limits."""
     try:
-        parsed = model.model_validate(data)
+        parsed = model.model_validate({**data, **arrays} if arrays else data)
     except ValidationError as error:
         errors = validation_errors(error)
         raise RequestValidationFailed(f"the request body has {len(errors)} problem(s)", errors) from None

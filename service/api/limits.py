@@ -83,9 +83,17 @@ def check_parse_cost(raw: bytes, settings: Settings) -> None:
     before it is parsed: 413 past MAX_PARSE_BYTES; and a body estimated to hold at least
     BIG_REQUEST_BYTES once parsed is a big request (:func:`hold_big_request`) however few bytes
     it has: a 0.5 MB per-hypothesis body holds ~32 MB and takes ~0.1 s of CPU."""
+    cost = refuse_parse_cost(raw, settings)
+    if cost is not None:
+        hold_big_request(cost, settings, holds=cost)
+
+
+def refuse_parse_cost(raw: bytes, settings: Settings) -> int | None:
+    """413 past MAX_PARSE_BYTES; else the estimate, or None when it is surely below
+    BIG_REQUEST_BYTES (no request context needed: the isolated process calls it too)."""
     limit = settings.max_parse_bytes
     if len(raw) * OBJECT_BYTES + VALUE_BYTES < min(limit, settings.big_request_bytes):  # every item ≥ a byte
-        return
+        return None
     cost, counts = parse_cost(raw)
     if cost > limit:
         shown = ", ".join(f"{count} {name}" for name, count in counts.items())
@@ -93,7 +101,7 @@ def check_parse_cost(raw: bytes, settings: Settings) -> None:
                             f"the JSON body would hold about {cost} bytes once parsed ({shown}); send a big "
                             f"matrix or likelihood_matrix in the compact base64 form or as a binary .npy part "
                             f"(multipart/form-data), which are not parsed as JSON (docs/instances.md)")
-    hold_big_request(cost, settings, holds=cost)
+    return cost
 
 
 _BIG_SLOT = "edgecut.big-request"  # app.extensions: the worker's one slot for a big request
@@ -160,6 +168,11 @@ def big_request_in_flight(app: object) -> bool:
     another before receiving its body)."""
     slot = getattr(app, "extensions", {}).get(_BIG_SLOT)
     return slot is not None and slot.busy
+
+
+def holding_big_request() -> bool:
+    """Whether the request being served holds its worker's big-request slot."""
+    return bool(g.get(_BIG_SLOT))
 
 
 def hold_big_request(size: int, settings: Settings, holds: int | None = None) -> None:

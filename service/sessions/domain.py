@@ -27,6 +27,7 @@ from .corrections import Correct, Withdraw
 from .idempotency import config_of, replay
 from .observations import Observe, labels_of
 from .pages import Deadline
+from .precompiled import PrecompiledInstance
 from .records import instance_of_session, session_record
 from .state import SessionResult, instance_summary, listing_item, step_json
 from .steps import Steps, step_key
@@ -55,6 +56,8 @@ class Sessions:
         self.max_cells = max_cells
         self.max_compiled_bytes = max_compiled_bytes
         self.grid_points = grid_points
+        # engine.compile_instance's limits, here and in a worker's isolated process (service/api/isolation.py).
+        self.compile_limits = {"max_cells": max_cells, "max_bytes": max_compiled_bytes, "grid_points": grid_points}
         self.clock = clock
         self.steps = Steps(step_cache_bytes)
         self.writer = Writer(store, self.steps, session_ttl, clock)
@@ -63,12 +66,14 @@ class Sessions:
     # --- instances ----------------------------------------------------------------------
 
     def compile(self, instance: Instance) -> engine.CompiledInstance:
-        return engine.compile_instance(instance, max_cells=self.max_cells, max_bytes=self.max_compiled_bytes,
-                                       grid_points=self.grid_points)
+        if isinstance(instance, PrecompiledInstance):  # a big request's, compiled by its worker's isolated process
+            return instance.compiled()
+        return engine.compile_instance(instance, **self.compile_limits)
 
     def register_instance(self, instance: Instance, tenant: str = DEFAULT_TENANT) -> tuple[InstanceSummary, bool]:
-        """Compile and store under the content hash; True when it was not stored before."""
-        compiled = self.compile(instance)
+        """Compile and store under the content hash; True when it was not stored before. One
+        compiled by a worker's isolated process is stored as it was encoded there."""
+        compiled = instance.encoded if isinstance(instance, PrecompiledInstance) else self.compile(instance)
         created = self.store.put_instance(compiled, tenant)
         return instance_summary(compiled), created
 

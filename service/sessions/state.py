@@ -32,6 +32,7 @@ from schemas.responses import (
 )
 from service import engine
 from service.store.base import StoredInstance
+from service.store.encoded import EncodedInstance
 
 EXPLAIN_CANDIDATES = 5
 # Estimates from above of CPython's objects (64-bit): a Step with its bytes' and tuples' headers
@@ -85,7 +86,7 @@ class Step:
         return len(self.json) + self.scores.nbytes + STEP_OBJECT_BYTES + TEST_SLOT_BYTES * len(self.next_tests)
 
 
-def instance_summary(inst: engine.CompiledInstance) -> InstanceSummary:
+def instance_summary(inst: engine.CompiledInstance | EncodedInstance) -> InstanceSummary:
     return InstanceSummary(instance_id=inst.content_hash, kind=inst.kind, n_hypotheses=inst.n_hypotheses,
                            n_tests=inst.n_tests, n_classes=inst.n_classes, warnings=list(inst.warnings),
                            decisions=list(inst.decision_labels) if inst.is_decision else None)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from service.engine import CompiledInstance
 
 if TYPE_CHECKING:
+    from .encoded import EncodedInstance
     from .ratelimit import Rate, RateLimiter
 
 DEFAULT_TENANT = "public"
@@ -160,10 +161,11 @@ class InstanceShelf(abc.ABC):
     order, and remembered for a while after a deletion."""
 
     @abc.abstractmethod
-    def put_instance(self, instance: CompiledInstance, tenant: str = DEFAULT_TENANT) -> bool:
+    def put_instance(self, instance: CompiledInstance | EncodedInstance, tenant: str = DEFAULT_TENANT) -> bool:
         """Store under ``instance.content_hash``; True if new, False if it was already there
         (its TTL is refreshed either way). A new one past the tenant's quotas raises
-        :class:`QuotaExceeded`."""
+        :class:`QuotaExceeded`. An :class:`EncodedInstance` is stored as it is, not decoded where
+        the store does not keep objects."""
 
     @abc.abstractmethod
     def get_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> CompiledInstance | None:

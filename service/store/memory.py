@@ -43,6 +43,7 @@ from .base import (
     same_content,
 )
 from .codec import encoded_size
+from .encoded import EncodedInstance
 from .ratelimit import MemoryLimiter, Rate
 
 PING_TIMEOUT = 1.0  # seconds
@@ -74,7 +75,9 @@ class MemoryStore(SessionStore):
 
     # --- instances ---------------------------------------------------------------------------
 
-    def put_instance(self, instance: CompiledInstance, tenant: str = DEFAULT_TENANT) -> bool:
+    def put_instance(self, instance: CompiledInstance | EncodedInstance, tenant: str = DEFAULT_TENANT) -> bool:
+        if isinstance(instance, EncodedInstance):  # kept as objects here
+            instance = instance.decoded()
         key = (tenant, instance.content_hash)
         with self._lock:
             now = self._tick()

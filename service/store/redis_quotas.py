@@ -14,8 +14,8 @@ import redis
 
 from service.engine import CompiledInstance
 
-from . import codec
 from .base import QuotaExceeded, Quotas, SessionRecord
+from .encoded import EncodedInstance, stored_size
 from .redis_client import redis_errors
 from .redis_connection import RedisConnection, essential
 from .redis_keys import RedisKeys
@@ -55,11 +55,11 @@ class RedisQuotas:
         self.slide(pipe, "instances", instance_id, tenant)
         return bool(essential(pipe, 1)[0])
 
-    def admit_instance(self, instance: CompiledInstance, tenant: str) -> None:
+    def admit_instance(self, instance: CompiledInstance | EncodedInstance, tenant: str) -> None:
         count_limit, bytes_limit = self.quotas.instances, self.quotas.stored_bytes
         if count_limit is None and bytes_limit is None:
             return
-        size = codec.encoded_size(instance)
+        size = stored_size(instance)
         admitted = self._admit("instances", "instance-bytes", instance.content_hash, tenant, self.instance_ttl_ms,
                                -1 if count_limit is None else count_limit, size,
                                -1 if bytes_limit is None else bytes_limit)

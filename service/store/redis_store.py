@@ -76,6 +76,7 @@ from .base import (
     check_next_version,
 )
 from .cache import InstanceCache, RecordCache
+from .encoded import EncodedInstance
 from .ratelimit import Rate, RedisLimiter
 from .records import decode_record, encode_record
 from .redis_client import redis_errors
@@ -131,7 +132,7 @@ class RedisStore(RedisKeys, SessionStore):
     def make_room(self, nbytes: int) -> None:
         self.cache.make_room(nbytes)
 
-    def put_instance(self, instance: CompiledInstance, tenant: str = DEFAULT_TENANT) -> bool:
+    def put_instance(self, instance: CompiledInstance | EncodedInstance, tenant: str = DEFAULT_TENANT) -> bool:
         key = self.instance_key(instance.content_hash, tenant)
         with redis_errors():
             # Refresh first: re-posting known content then costs no upload.
@@ -140,7 +141,8 @@ class RedisStore(RedisKeys, SessionStore):
                 created = False
             else:
                 self.tenant_quotas.admit_instance(instance, tenant)
-                header, body = codec.encode(instance)
+                header, body = ((instance.header, instance.body) if isinstance(instance, EncodedInstance)
+                                else codec.encode(instance))
                 listed = StoredInstance.of(instance, time.time())
                 # MULTI/EXEC, not Lua: a script would copy a body of hundreds of MB into Lua
                 # strings. Existing keys always hold both fields, so the first HSETNX alone says
@@ -158,7 +160,8 @@ class RedisStore(RedisKeys, SessionStore):
                 if created:
                     self.connection.round_trips += 1
                     self._redis.get().zadd(self.listing_key(tenant), {listed.cursor: 0})
-        self.cache.put((tenant, instance.content_hash), instance, time.monotonic())
+        if isinstance(instance, CompiledInstance):  # an encoded one is decoded where it is read
+            self.cache.put((tenant, instance.content_hash), instance, time.monotonic())
         return created
 
     def get_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> CompiledInstance | None:

@@ -56,6 +56,7 @@ from gunicorn.http.body import LengthReader
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import ThreadWorker
 
+from service.api import isolation
 from service.api.limits import big_request_in_flight
 from service.app import rehearse, warm_up
 from service.heap import reserve_heap, resident_bytes, trim_heap
@@ -118,6 +119,8 @@ class BufferingWorker(ThreadWorker):
 
     def load_wsgi(self):
         super().load_wsgi()
+        if hasattr(self.wsgi, "extensions"):  # an edgecut app: its big requests' instances compiled beside it
+            isolation.install(self.wsgi)
         rehearse()  # before the worker serves: a request arriving meanwhile would compete with it
         # On a thread of its own, waited for up to WARM_UP_WAIT: a first request arriving while
         # the store's connections were still being opened raced them (a cold 10⁴ × 10³ first step
