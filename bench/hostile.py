@@ -35,10 +35,13 @@ Kinds (``--kinds http`` or ``engine`` or ``all``):
 form at its largest accepted size and one row past it, ``--rounds`` (3) times each with new
 content, one request at a time. Per request: the status, the worker's peak resident memory
 (``VmHWM`` from /proc, reset before each request through ``clear_refs``), the CPU seconds
-of the worker process (utime + stime from /proc/<pid>/stat), and the slowest of the
-``GET /healthz`` sent to the same worker 5 ms apart meanwhile (how long the body kept it from
-another request); medians over the rounds. Then the worker's resident memory at boot and once
-idle after them all.
+of the worker process (utime + stime from /proc/<pid>/stat; its answers to the probes below
+included), the slowest of the ``GET /healthz`` sent to the same worker 5 ms apart meanwhile (how
+long the body kept it from another request), and what the worker's isolated process
+(service/api/isolation.py) held and spent: its highest ``VmHWM``, read every 2 ms, and its CPU
+seconds, counted by its fork server once it has exited; medians over the rounds. Then the
+worker's resident memory at boot and once idle after them all, and its fork server's and idle
+isolated process's.
 """
 
 from __future__ import annotations
