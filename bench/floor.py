@@ -65,28 +65,3 @@ def start_gunicorn(app: str, env: dict[str, str], workers: int) -> tuple[subproc
          "--workers", str(workers), "--max-requests", "0", app],
         cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return process, port
-
-
-def cpu_seconds(pids: list[int]) -> dict[int, float]:
-    """CPU seconds (user + system) each process has used, from /proc; a gunicorn master's workers
-    are listed afresh each time (a worker may have been recycled)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    used = {}
-    for pid in pids:
-        for child in [pid, *_children(pid)]:
-            try:
-                fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            used[child] = (int(fields[11]) + int(fields[12])) / ticks
-    return used
-
-
-def _children(pid: int) -> list[int]:
-    children = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return children

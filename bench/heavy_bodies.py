@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from procfs import children, children_cpu_seconds  # bench/, beside this file
 
 BOUNDARY = "edgecut-heavy-boundary"
 
@@ -209,26 +210,9 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def _children_cpu_seconds(pid: int) -> float:
-    """CPU of the children ``pid`` has waited for (cutime + cstime)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return found
-
-
 def fork_server_of(worker: int) -> int | None:
     """The worker's fork server, whose children are its isolated processes (service/api/isolation.py)."""
-    for child in _children(worker):
+    for child in children(worker):
         try:
             if b"multiprocessing.forkserver" in Path(f"/proc/{child}/cmdline").read_bytes():
                 return child
@@ -249,7 +233,7 @@ class IsolatedPeak:
 
     def _run(self) -> None:
         while not self.stop.is_set() and self.fork_server is not None:
-            for child in _children(self.fork_server):
+            for child in children(self.fork_server):
                 try:
                     self.peak = max(self.peak, _proc_status(child).get("VmHWM", 0))
                 except OSError:
@@ -327,7 +311,7 @@ def measure(rounds: int, env: dict[str, str], post) -> dict:
                         clear.write("5")  # resets VmHWM to the current resident size
                     fork_server = fork_server_of(pid)
                     before = _cpu_seconds(pid)
-                    isolated_before = _children_cpu_seconds(fork_server) if fork_server else 0.0
+                    isolated_before = children_cpu_seconds(fork_server) if fork_server else 0.0
                     with Meanwhile(server.port) as meanwhile, IsolatedPeak(fork_server) as isolated:
                         statuses.add(post(server.port, content_type, body))
                     cpus.append(_cpu_seconds(pid) - before)
@@ -335,7 +319,7 @@ def measure(rounds: int, env: dict[str, str], post) -> dict:
                     peaks.append(_proc_status(pid)["VmHWM"])
                     isolated_peaks.append(isolated.peak)
                     time.sleep(0.2)  # the isolated process exits after its answer: reaped by then
-                    isolated_cpus.append(_children_cpu_seconds(fork_server) - isolated_before if fork_server else 0.0)
+                    isolated_cpus.append(children_cpu_seconds(fork_server) - isolated_before if fork_server else 0.0)
                     del body
                 row = {"form": name, "rows": size, "body": label, "body_mib": round(length / 2**20, 1),
                        "statuses": sorted(statuses), "peak_rss_mb": round(statistics.median(peaks) / 1e6),
@@ -356,7 +340,7 @@ def measure(rounds: int, env: dict[str, str], post) -> dict:
         time.sleep(0.5)
         idle = _proc_status(pid)["VmRSS"]
         fork_server = fork_server_of(pid)
-        beside = [fork_server, *_children(fork_server)] if fork_server else []
+        beside = [fork_server, *children(fork_server)] if fork_server else []
         isolated_idle = sum(_proc_status(process)["VmRSS"] for process in beside)
     finally:
         server.stop()

@@ -50,7 +50,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import RedisServer  # noqa: E402  (the test suite's launcher)
 
-from bench.floor import cpu_seconds, start_gunicorn, wait_http  # noqa: E402
+from bench.floor import start_gunicorn, wait_http  # noqa: E402
+from bench.procfs import cpu_seconds  # noqa: E402
 
 PROCESSES = 4
 RPS_GOAL, P99_GOAL = 0.8, 1.5  # × the floor's: the service's goals (docs/api.md, "Benchmark")

@@ -6,65 +6,28 @@ and ``edgecut evaluate`` compiles banks on ITEM_BANK_GRID_POINTS."""
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
 
-from schemas.instance import Instance
 from service import engine
 from service.cli import main
 from service.evaluation.exposure import calibrate_exposure
 
+from exposure_support import bank_of, compiled, rates_given, with_parameters
+
 RULES = engine.StopRules(max_tests=5)
-
-
-def bank_of(n_items=40, seed=3):
-    rng = np.random.default_rng(seed)
-    return {"item_bank": {"items": [{"id": f"q{j}", "model": "3PL", "a": float(rng.lognormal(0, 0.25)),
-                                     "b": float(rng.normal()), "c": float(rng.uniform(0, 0.25))}
-                                    for j in range(n_items)], "cut_scores": [0.0]}}
-
-
-def compiled(body):
-    return engine.compile_instance(Instance.model_validate(body))
-
-
-def with_parameters(body, parameters):
-    items = [{**item, "exposure_parameter": float(k)} for item, k in zip(body["item_bank"]["items"], parameters)]
-    return {"item_bank": {**body["item_bank"], "items": items}}
-
-
-def rates_given(body, examinees, first_seed, sympson_hetter=True):
-    """Each item's share of ``examinees`` given it: θ ~ N(0, 1), answers drawn from the 3PL
-    formula, each examinee's Sympson–Hetter coins from its own seed."""
-    inst = compiled(body)
-    policy = engine.resolve_policy(inst, None)
-    rules = RULES._replace(sympson_hetter=sympson_hetter)
-    rng = np.random.default_rng(first_seed)
-    items = body["item_bank"]["items"]
-    given = np.zeros(len(items))
-    for e in range(examinees):
-        theta = rng.normal()
-        observations: list = []
-        while not (decision := engine.decide(engine.observe(inst, observations), policy, rules,
-                                             seed=first_seed + e)).done:
-            item = items[decision.next_test]
-            right = item["c"] + (1 - item["c"]) / (1 + math.exp(-item["a"] * (theta - item["b"])))
-            observations.append((decision.next_test, int(rng.uniform() < right)))
-        given[[t for t, _ in observations]] += 1
-    return given / examinees
 
 
 def test_a_calibrated_bank_keeps_every_item_near_the_target_on_fresh_examinees():
     body = bank_of()
-    plain = rates_given(body, 200, 10_000, sympson_hetter=False)
+    plain = rates_given(body, RULES, 200, 10_000)
     assert plain.max() == 1.0  # uncontrolled, the best first item goes to everyone
     calibration = calibrate_exposure(compiled(body), 0.4, RULES, examinees=500, iterations=6, seed=1)
     assert calibration.iterations[0].top_rate == 1.0 and (calibration.iterations[0].exposure_parameters == 1).all()
     parameters = calibration.exposure_parameters
     assert 0.4 <= parameters.min() < 1 and parameters.max() == 1.0
-    fresh = rates_given(with_parameters(body, parameters), 600, 50_000)
+    fresh = rates_given(with_parameters(body, parameters), RULES._replace(sympson_hetter=True), 600, 50_000)
     # The target plus sampling noise: the calibration's own (the top of 40 rates measured on 500
     # examinees) and this count's (on 600, one standard error is 0.02).
     assert fresh.max() <= 0.4 + 0.1

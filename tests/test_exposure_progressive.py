@@ -10,25 +10,14 @@ import math
 import numpy as np
 import pytest
 
-from schemas.instance import Instance
 from service import engine
 from service.evaluation import evaluate
 from service.evaluation.exposure import calibrate_exposure
 
 from api_support import PROBLEM
+from exposure_support import bank_of, compiled, rates_given, with_parameters
 
 PROGRESSIVE = engine.StopRules(max_tests=10, progressive=True)
-
-
-def bank_of(n_items=40, seed=3):
-    rng = np.random.default_rng(seed)
-    return {"item_bank": {"items": [{"id": f"q{j}", "model": "3PL", "a": float(rng.lognormal(0, 0.25)),
-                                     "b": float(rng.normal()), "c": float(rng.uniform(0, 0.25))}
-                                    for j in range(n_items)], "cut_scores": [0.0]}}
-
-
-def compiled(body):
-    return engine.compile_instance(Instance.model_validate(body))
 
 
 def test_the_choice_is_the_best_blend_of_a_uniform_draw_and_the_gain():
@@ -74,33 +63,11 @@ def test_progressive_needs_max_tests():
         engine.decide(engine.observe(inst, []), engine.resolve_policy(inst, None), engine.StopRules(progressive=True))
 
 
-def rates_given(body, rules, examinees, first_seed):
-    """Each item's share of ``examinees`` given it: θ ~ N(0, 1), answers drawn from the 3PL formula."""
-    inst = compiled(body)
-    policy = engine.resolve_policy(inst, None)
-    rng = np.random.default_rng(first_seed)
-    items = body["item_bank"]["items"]
-    given = np.zeros(len(items))
-    for e in range(examinees):
-        theta = rng.normal()
-        observations: list = []
-        while not (decision := engine.decide(engine.observe(inst, observations), policy, rules,
-                                             seed=first_seed + e)).done:
-            item = items[decision.next_test]
-            right = item["c"] + (1 - item["c"]) / (1 + math.exp(-item["a"] * (theta - item["b"])))
-            observations.append((decision.next_test, int(rng.uniform() < right)))
-        given[[t for t, _ in observations]] += 1
-    return given / examinees
-
-
 def test_progressive_sympson_hetter_calibrated_keeps_every_item_near_the_target_on_fresh_examinees():
     body = bank_of()
     rules = engine.StopRules(max_tests=5, progressive=True, sympson_hetter=True)
     calibration = calibrate_exposure(compiled(body), 0.3, rules, examinees=500, iterations=8, seed=1)
-    items = [{**item, "exposure_parameter": float(k)}
-             for item, k in zip(body["item_bank"]["items"], calibration.exposure_parameters)]
-    calibrated = {"item_bank": {**body["item_bank"], "items": items}}
-    fresh = rates_given(calibrated, rules, 600, 50_000)
+    fresh = rates_given(with_parameters(body, calibration.exposure_parameters), rules, 600, 50_000)
     # The target plus sampling noise (the top of 40 rates: the calibration's on 500 examinees,
     # this count's on 600, one standard error 0.02).
     assert fresh.max() <= 0.3 + 0.08
