@@ -74,6 +74,11 @@ class StopRules(NamedTuple):
     # weight growing with the step (needs max_tests), seeded by (seed, step).
     progressive: bool = False
 
+    @property
+    def draws_for_exposure(self) -> bool:
+        """Whether exposure control draws from the seed (randomesque, Sympson–Hetter, progressive)."""
+        return self.randomesque is not None or self.sympson_hetter or self.progressive
+
     def effective_confidence(self, inst: CompiledInstance) -> float | None:
         if self.confidence is not None:
             return self.confidence

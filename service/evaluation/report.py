@@ -353,7 +353,7 @@ def simulate(inst: CompiledInstance, policy, rules: StopRules, seed: int, truths
     runs = []
     tick = max(1, truths.size // 100)
     for i, h in enumerate(truths.tolist()):
-        run_seed = (seed << 32) + i if rules.randomesque is not None or rules.sympson_hetter or rules.progressive else seed
+        run_seed = (seed << 32) + i if rules.draws_for_exposure else seed
         runs.append(run_policy(inst, h, policy, rules, run_seed, rng=np.random.default_rng([seed, i]), check=check))
         if progress and (i + 1) % tick == 0:
             progress(tick)

@@ -49,8 +49,7 @@ class StepKey(NamedTuple):
 def step_key(tenant: str, compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
              observations: Labelled, excluded: tuple[str, ...], batch_size: int) -> StepKey:
     # Sessions that differ in their seed alone share their steps, unless the policy draws from it.
-    exposure = rules.randomesque is not None or rules.sympson_hetter or rules.progressive
-    seeded = engine.resolve_policy(compiled, policy).seeded or exposure
+    seeded = engine.resolve_policy(compiled, policy).seeded or rules.draws_for_exposure
     return StepKey(tenant, compiled.content_hash, policy, rules, seed if seeded else None, excluded, batch_size, observations)
 
 
@@ -58,8 +57,7 @@ def session_key(record: SessionRecord, compiled: engine.CompiledInstance, observ
     """The key of the step after ``observations`` in ``record``'s session."""
     rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss,
                              record.max_se, record.randomesque, bool(record.sympson_hetter), bool(record.progressive))
-    exposure = record.randomesque is not None or record.sympson_hetter or record.progressive
-    seed = session_seed(record.seed, record.session_id) if exposure else record.seed
+    seed = session_seed(record.seed, record.session_id) if rules.draws_for_exposure else record.seed
     return step_key(record.tenant, compiled, record.policy, rules, seed, observations, record.exclude_tests,
                     record.batch_size)
 
