@@ -12,7 +12,7 @@ from pathlib import Path
 from service import engine
 from service.evaluation.exposure import ExposureIteration, calibrate_exposure
 
-from .evaluate import CommandError, add_stop_rules, load_instance, stop_rules
+from .evaluate import CommandError, add_stop_rules, load_instance, rules_from_arguments
 from .extras import progress_bar
 
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         bar = progress_bar(args.examinees * args.iterations, "calibrating", enabled=not args.no_progress)
         try:
             calibration = calibrate_exposure(
-                inst, args.max_rate, stop_rules(args), policy=args.policy, examinees=args.examinees,
+                inst, args.max_rate, rules_from_arguments(args), policy=args.policy, examinees=args.examinees,
                 iterations=args.iterations, seed=args.seed, progress=bar.update if bar is not None else None,
                 on_iteration=lambda step: _report(inst, step, args.max_rate))
         finally:

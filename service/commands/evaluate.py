@@ -81,13 +81,16 @@ def add_stop_rules(parser: argparse.ArgumentParser, sympson_hetter: bool = True)
     if sympson_hetter:
         parser.add_argument("--sympson-hetter", action="store_true",
                             help="exposure control with the item bank's exposure_parameter (seeded per run)")
+    else:  # the command applies it itself
+        parser.set_defaults(sympson_hetter=False)
 
 
-def stop_rules(args: argparse.Namespace) -> engine.StopRules:
+def rules_from_arguments(args: argparse.Namespace) -> engine.StopRules:
+    """The stop rules and exposure control :func:`add_stop_rules` read."""
     return engine.StopRules(max_tests=args.max_tests, max_cost=args.max_cost, confidence=args.confidence,
                             max_expected_loss=args.max_expected_loss, max_se=args.max_se,
                             randomesque=args.randomesque,
-                            sympson_hetter=getattr(args, "sympson_hetter", False), progressive=args.progressive)
+                            sympson_hetter=args.sympson_hetter, progressive=args.progressive)
 
 
 def _names(text: str) -> list[str]:
@@ -133,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         total = work_units(inst, len(policies), samples, args.method)
         bar = progress_bar(total, "evaluating", enabled=not args.no_progress)
         try:
-            report = evaluate(inst, policies, stop_rules(args), samples=samples, seed=args.seed,
+            report = evaluate(inst, policies, rules_from_arguments(args), samples=samples, seed=args.seed,
                               method=args.method, optimum=not args.no_optimum, limits=limits,
                               progress=bar.update if bar is not None else None)
         finally:
@@ -158,7 +161,7 @@ def _recommend(args: argparse.Namespace) -> int:
         if args.respondents < 1 or not args.cpu_seconds > 0:
             raise CommandError("--respondents must be at least 1 and --cpu-seconds above 0")
         inst = load_instance(args.instance)
-        recommendation = engine.recommend(inst, stop_rules(args), seed=args.seed,
+        recommendation = engine.recommend(inst, rules_from_arguments(args), seed=args.seed,
                                           budget=engine.Budget(args.respondents, args.cpu_seconds))
     except (CommandError, engine.EngineError) as error:
         print(f"edgecut: error: {error}", file=sys.stderr)

@@ -10,7 +10,7 @@ from pathlib import Path
 from service import engine
 from service.evaluation import trees
 
-from .evaluate import CommandError, add_stop_rules, load_instance, stop_rules
+from .evaluate import CommandError, add_stop_rules, load_instance, rules_from_arguments
 
 
 def register(subparsers) -> None:
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     limits = trees.TreeLimits(max_nodes=args.max_nodes, max_depth=args.max_depth)
     try:
         inst = load_instance(args.instance)
-        data = trees.export_tree(inst, args.policy, fmt, stop_rules(args), args.seed, limits, args.depth)
+        data = trees.export_tree(inst, args.policy, fmt, rules_from_arguments(args), args.seed, limits, args.depth)
     except (CommandError, engine.EngineError, trees.GraphvizMissing, trees.RenderFailed) as error:
         print(f"edgecut: error: {error}", file=sys.stderr)
         return 2
