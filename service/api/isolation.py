@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
@@ -37,12 +38,11 @@ import orjson
 from flask import current_app
 from pydantic import BaseModel
 
-from schemas.api import SelectRequest, SessionCreate, StepConfig
+from schemas.api import SelectRequest, SessionCreate
 from schemas.instance import Instance
 from service import engine
 from service.errors import ServiceError
 from service.sessions.precompiled import PrecompiledInstance
-from service.settings import Settings
 from service.store.encoded import EncodedInstance
 
 from .context import services
@@ -121,12 +121,13 @@ def parsed_in_isolation(model: type[Model], raw: bytes, boundary: str | None = N
     if isolated is None or not holding_big_request() or not carries_an_instance(model, raw):
         return None
     app_services = services()
-    with _Files() as files:
+    with tempfile.TemporaryDirectory(prefix="edgecut-isolated-") as directory:
+        files = Path(directory)
         # Bytes go through files, each written and read by one system call made without the GIL:
         # pickled, an 80 MB body would be copied holding it (~60 ms) on each side.
-        files.write("body", raw)
-        job = (model.__name__, files.path("body"), boundary, array_parts, app_services.settings,
-               app_services.sessions.compile_limits, files.path("header"), files.path("encoded"))
+        (files / "body").write_bytes(raw)
+        job = (model.__name__, str(files / "body"), boundary, array_parts, app_services.settings,
+               app_services.sessions.compile_limits, str(files / "header"), str(files / "encoded"))
         outcome = isolated.run(parse_and_compile, job)
         if outcome[0] == "inline":
             return None
@@ -135,37 +136,13 @@ def parsed_in_isolation(model: type[Model], raw: bytes, boundary: str | None = N
         _, compiled, rest = outcome
         stand_in = PrecompiledInstance.of(
             refusal(*compiled[1:]) if compiled[0] == "refused"
-            else EncodedInstance(files.read("header"), files.read("encoded"), **compiled[1]))
+            else EncodedInstance((files / "header").read_bytes(), (files / "encoded").read_bytes(), **compiled[1]))
     if model is Instance:
         return stand_in  # type: ignore[return-value]
     # The rest of the body, validated here as it was there (its limits too), with the instance
     # put back in its place.
     parsed = model.model_validate({**orjson.loads(rest), "instance_id": _SOME_INSTANCE_ID})
     return parsed.model_copy(update={"instance_id": None, "instance": stand_in})
-
-
-class _Files:
-    """A request's files for the isolated process, in a private directory removed with them."""
-
-    def __enter__(self) -> _Files:
-        self.directory = tempfile.mkdtemp(prefix="edgecut-isolated-")
-        return self
-
-    def path(self, name: str) -> str:
-        return os.path.join(self.directory, name)
-
-    def write(self, name: str, content: bytes) -> None:
-        with open(self.path(name), "wb") as file:
-            file.write(content)
-
-    def read(self, name: str) -> bytes:
-        with open(self.path(name), "rb") as file:
-            return file.read()
-
-    def __exit__(self, *exc_info: object) -> None:
-        for name in os.listdir(self.directory):
-            os.unlink(self.path(name))
-        os.rmdir(self.directory)
 
 
 # --- in the isolated process ---------------------------------------------------------------------
@@ -208,8 +185,7 @@ def parse_and_compile(job: tuple) -> tuple:
 
     name, body_path, boundary, array_parts, settings, compile_limits, header_path, encoded_path = job
     model = MODELS[name]
-    with open(body_path, "rb") as file:
-        raw = file.read()
+    raw = Path(body_path).read_bytes()
     try:
         if boundary is None:
             refuse_parse_cost(raw, settings)  # the worker checks only a body small in bytes
@@ -227,9 +203,8 @@ def parse_and_compile(job: tuple) -> tuple:
     except (ServiceError, engine.EngineError) as error:
         compiled: tuple = ("refused", *_plain(error))
     else:
-        for path, content in ((header_path, encoded.header), (encoded_path, encoded.body)):
-            with open(path, "wb") as file:
-                file.write(content)
+        Path(header_path).write_bytes(encoded.header)
+        Path(encoded_path).write_bytes(encoded.body)
         compiled = ("encoded", encoded.facts())
     rest = b"" if instance is parsed else orjson.dumps({key: value for key, value in data.items() if key != "instance"})
     return ("compiled", compiled, rest)
