@@ -21,6 +21,7 @@ from service.auto import AutoChoices
 from service.errors import InstanceNotFound, PreconditionFailed, SessionNotFound, UnknownTests
 from service.metrics import SESSIONS_CREATED
 from service.store import DEFAULT_TENANT, SessionRecord, SessionStore
+from service.store.encoded import EncodedInstance
 
 from .commit import Writer
 from .corrections import Correct, Withdraw
@@ -71,11 +72,18 @@ class Sessions:
         return engine.compile_instance(instance, **self.compile_limits)
 
     def register_instance(self, instance: Instance, tenant: str = DEFAULT_TENANT) -> tuple[InstanceSummary, bool]:
-        """Compile and store under the content hash; True when it was not stored before. One
-        compiled by a worker's isolated process is stored as it was encoded there."""
-        compiled = instance.encoded if isinstance(instance, PrecompiledInstance) else self.compile(instance)
-        created = self.store.put_instance(compiled, tenant)
-        return instance_summary(compiled), created
+        """Compile and store under the content hash; True when it was not stored before."""
+        stored = self._storable(instance)
+        created = self.store.put_instance(stored, tenant)
+        return instance_summary(stored), created
+
+    def _storable(self, instance: Instance, compiled: engine.CompiledInstance | None = None
+                  ) -> engine.CompiledInstance | EncodedInstance:
+        """What the store is given for ``instance`` (``compiled``: it compiled already): one
+        compiled by a worker's isolated process as it was encoded there, not encoded again."""
+        if isinstance(instance, PrecompiledInstance):
+            return instance.encoded
+        return self.compile(instance) if compiled is None else compiled
 
     def instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> engine.CompiledInstance:
         compiled = self.store.get_instance(instance_id, tenant)
@@ -122,7 +130,7 @@ class Sessions:
             if bound is not None:  # a retry, or a reuse: answered without writing anything
                 return replay(self.writer, bound, record, explain)
         if request.instance is not None:
-            self.store.put_instance(compiled, tenant)
+            self.store.put_instance(self._storable(request.instance, compiled), tenant)
         self.store.create_session(record)
         if idempotency_key is not None:
             bound = self.store.claim_idempotency_key(idempotency_key, record.session_id, tenant)
