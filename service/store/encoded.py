@@ -4,7 +4,7 @@ that posts a big instance need not build it again: whichever worker runs it deco
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from service.engine import CompiledInstance
 
@@ -27,9 +27,9 @@ class EncodedInstance:
     @staticmethod
     def of(instance: CompiledInstance) -> EncodedInstance:
         header, body = codec.encode(instance)
-        return EncodedInstance(header, body, instance.content_hash, instance.kind, instance.n_hypotheses,
-                               instance.n_tests, instance.n_classes, tuple(instance.warnings), instance.is_decision,
-                               tuple(instance.decision_labels))
+        facts = {name: getattr(instance, name) for name in _FACTS}
+        return EncodedInstance(header, body, **{**facts, "warnings": tuple(instance.warnings),
+                                                "decision_labels": tuple(instance.decision_labels)})
 
     @property
     def encoded_size(self) -> int:
@@ -40,9 +40,10 @@ class EncodedInstance:
 
     def facts(self) -> dict:
         """Its fields but the bytes: plain data."""
-        return {"content_hash": self.content_hash, "kind": self.kind, "n_hypotheses": self.n_hypotheses,
-                "n_tests": self.n_tests, "n_classes": self.n_classes, "warnings": self.warnings,
-                "is_decision": self.is_decision, "decision_labels": self.decision_labels}
+        return {name: getattr(self, name) for name in _FACTS}
+
+
+_FACTS = tuple(field.name for field in fields(EncodedInstance) if field.name not in ("header", "body"))
 
 
 def stored_size(instance: CompiledInstance | EncodedInstance) -> int:
