@@ -1,5 +1,5 @@
 """Posting big instances: ``python3 -m bench.big_instances [--rounds 5] [--hypotheses 10000] [--tests 1000]
-[--list-hypotheses 500]``.
+[--list-hypotheses 400]``.
 
 Starts a fresh ``redis-server`` and the service under gunicorn (the project's configuration,
 service/gunicorn_conf.py, with 1 gthread worker of 4 threads) on loopback,
@@ -13,9 +13,9 @@ then, round after round (each round a new random binary instance, so every POST 
   cost as the compact form's, and against its own bare cost: reading the ``.npy`` bytes as an
   array, sha256 and one ``SET``;
 * **lists**: ``matrix`` as nested JSON lists, against the bare ``orjson.loads`` + ``np.asarray``
-  of that body; ``--list-hypotheses`` (500) rows, not ``--hypotheses``: 10⁴ × 10³ nested lists
+  of that body; ``--list-hypotheses`` (400) rows, not ``--hypotheses``: 10⁴ × 10³ nested lists
   are past ``MAX_PARSE_BYTES`` (413; JSON lists are not the transport for the biggest instances,
-  the compact and binary forms above are), 500 × 10³ is within it;
+  the compact and binary forms above are), 400 × 10³ is within it;
 * **first step, cold vs warm**: a fresh gunicorn worker's first ``POST /v1/sessions`` on a stored
   instance (download from Redis, verify its hash, decode, one EC² step) against the same worker's
   next session on it (a different ``max_tests``, far above what a run needs: the step is the same
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--hypotheses", type=int, default=10_000)
     parser.add_argument("--tests", type=int, default=1_000)
-    parser.add_argument("--list-hypotheses", type=int, default=500,
+    parser.add_argument("--list-hypotheses", type=int, default=400,
                         help="rows of the nested-lists instance (within MAX_PARSE_BYTES)")
     args = parser.parse_args()
     rng = np.random.default_rng(2010)
