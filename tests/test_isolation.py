@@ -243,13 +243,47 @@ def test_the_isolated_process_and_its_server_exit_when_their_worker_is_killed():
     finally:
         worker.send_signal(signal.SIGKILL)
         worker.wait()
+    assert not still_running(left)
+
+
+def test_a_killed_workers_job_files_are_removed_by_its_isolated_process():
+    """A worker killed in the middle of a big request never leaves its job directory's `with`."""
+    script = textwrap.dedent("""
+        import threading, time
+        from service.api.isolation import IsolatedProcess, job_directory
+        process = IsolatedProcess()
+        def job():
+            with job_directory() as directory:
+                print(directory, flush=True)
+                process.run(time.sleep, 600)
+        threading.Thread(target=job, daemon=True).start()
+        time.sleep(600)
+    """)
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    try:
+        directory = Path(worker.stdout.readline().strip())
+        assert directory.is_dir() and str(worker.pid) in directory.name
+        deadline = time.monotonic() + 20
+        while not (left := descendants(worker.pid)) - children(worker.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left - children(worker.pid), left  # the process running the job
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    assert not still_running(left)
+    assert not directory.exists()
+
+
+def still_running(pids: set[int]) -> list[int]:
+    """Those of ``pids`` still running after up to 20 s, killed so as not to be left behind."""
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in left):
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in pids):
         time.sleep(0.1)
-    alive = [pid for pid in left if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
-    for pid in alive:  # not to leave them behind when the test fails
+    alive = [pid for pid in pids if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
+    for pid in alive:
         os.kill(pid, signal.SIGKILL)
-    assert not alive
+    return alive
 
 
 def _zombie(pid: int) -> bool:

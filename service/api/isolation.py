@@ -25,6 +25,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import select
+import shutil
 import tempfile
 import threading
 import time
@@ -58,6 +59,7 @@ EXTENSION = "edgecut.isolated-process"
 MODELS: dict[str, type[BaseModel]] = {model.__name__: model for model in (Instance, SessionCreate, SelectRequest)}
 # Stands for the inline instance while the rest of a session request is validated again.
 _SOME_INSTANCE_ID = "0" * 64
+_JOB_DIRECTORY_PREFIX = "edgecut-isolated-"
 
 
 class IsolatedProcess:
@@ -121,7 +123,7 @@ def parsed_in_isolation(model: type[Model], raw: bytes, boundary: str | None = N
     if isolated is None or not holding_big_request() or not carries_an_instance(model, raw):
         return None
     app_services = services()
-    with tempfile.TemporaryDirectory(prefix="edgecut-isolated-") as directory:
+    with job_directory() as directory:
         files = Path(directory)
         # Bytes go through files, each written and read by one system call made without the GIL:
         # pickled, an 80 MB body would be copied holding it (~60 ms) on each side.
@@ -145,6 +147,12 @@ def parsed_in_isolation(model: type[Model], raw: bytes, boundary: str | None = N
     return parsed.model_copy(update={"instance_id": None, "instance": stand_in})
 
 
+def job_directory() -> tempfile.TemporaryDirectory:
+    """A private directory for one job's files, named after the worker, so that the isolated
+    process can remove it when the worker is killed before it could (:func:`_exit_with`)."""
+    return tempfile.TemporaryDirectory(prefix=f"{_JOB_DIRECTORY_PREFIX}{os.getpid()}-")
+
+
 # --- in the isolated process ---------------------------------------------------------------------
 
 
@@ -154,8 +162,9 @@ def _start_in_isolation(nice: int, worker_pid: int) -> None:
 
 
 def _exit_with(worker_pid: int) -> None:
-    """Exit once the worker has: killed (its timeout, out of memory), it never says so, and this
-    process would wait for its next job forever, keeping the fork server alive with it."""
+    """Exit once the worker has, removing the worker's job directories: killed (its timeout, out of
+    memory), it never says so, and this process would wait for its next job forever, keeping the
+    fork server alive with it."""
     try:
         watched = os.pidfd_open(worker_pid)
     except (AttributeError, OSError):  # no pidfd (Linux < 5.3): ask every second
@@ -163,6 +172,9 @@ def _exit_with(worker_pid: int) -> None:
             time.sleep(1.0)
     else:
         select.select([watched], [], [])  # readable once the process has exited
+    # A worker killed in the middle of a job never left its `with`: its files would stay.
+    for directory in Path(tempfile.gettempdir()).glob(f"{_JOB_DIRECTORY_PREFIX}{worker_pid}-*"):
+        shutil.rmtree(directory, ignore_errors=True)
     os._exit(0)
 
 
