@@ -12,9 +12,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import requests
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "REDIS_URL": "", "LOG_LEVEL": "info"}
@@ -28,9 +30,11 @@ def busy_port():
         yield holder.getsockname()[1]
 
 
-def serve_on_a_terminal(port: int, env: dict[str, str], until: str, timeout: float = 30.0) -> tuple[str, int | None]:
+def serve_on_a_terminal(port: int, env: dict[str, str], until: str, timeout: float = 30.0,
+                        poke: Callable[[], None] = lambda: None) -> tuple[str, int | None]:
     """Run ``edgecut serve`` with stdout and stderr on a pseudo-terminal; return what it wrote
-    until ``until`` appeared (then stop it) or it exited, and its exit status if it exited."""
+    until ``until`` appeared (then stop it) or it exited, and its exit status if it exited.
+    ``poke`` runs whenever the terminal is quiet (a request that makes the server log a line)."""
     controller, terminal = pty.openpty()
     process = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
                                cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
@@ -50,6 +54,8 @@ def serve_on_a_terminal(port: int, env: dict[str, str], until: str, timeout: flo
                 output += chunk
             elif process.poll() is not None:
                 break
+            else:
+                poke()
     finally:
         try:
             code = process.wait(timeout=0 if until.encode() in output else 5)
@@ -61,12 +67,23 @@ def serve_on_a_terminal(port: int, env: dict[str, str], until: str, timeout: flo
     return output.decode(errors="replace").replace("\r\n", "\n"), code
 
 
+def readyz(port: int) -> None:
+    try:
+        requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
+    except requests.RequestException:
+        pass  # not listening yet
+
+
 def test_a_terminal_gets_plain_text_logs():
     from conftest import free_port
 
-    output, _ = serve_on_a_terminal(free_port(), ENV, until="Booting worker")
+    # Stopped once its worker has answered (and logged) a request: a SIGTERM that lands while the
+    # worker is still booting is lost, and gunicorn then waits out its 20 s graceful timeout.
+    port = free_port()
+    output, _ = serve_on_a_terminal(port, ENV, until="GET /readyz 200", poke=lambda: readyz(port))
     lines = [line for line in output.splitlines() if line.strip()]
     assert any("Booting worker" in line for line in lines), output
+    assert any("GET /readyz 200" in line for line in lines), output
     assert not any(line.lstrip().startswith("{") for line in lines), output
 
 
