@@ -49,7 +49,7 @@ def test_an_instance_of_exactly_the_byte_quota_is_stored(store_env):
 
 
 def test_live_sessions_are_limited_per_tenant(store_env):
-    store = store_env.make(session_ttl=2, quotas=Quotas(sessions=2))
+    store = store_env.make(session_ttl=1, quotas=Quotas(sessions=2))
     store.create_session(record("s1"))
     store.create_session(record("s2"))
     with pytest.raises(QuotaExceeded) as refused:
@@ -59,7 +59,7 @@ def test_live_sessions_are_limited_per_tenant(store_env):
     store.create_session(record("s3", tenant="clinic-b"))  # another tenant has its own quota
     assert store.delete_session("s1")
     store.create_session(record("s4"))  # a deleted session no longer counts
-    store_env.elapse(2.4)  # both expire
+    store_env.elapse(1.3)  # both expire, and their quota entries 0.1 s later
     store.create_session(record("s5"))
     store.create_session(record("s6"))
 
