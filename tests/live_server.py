@@ -6,6 +6,7 @@ user starts it."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -18,6 +19,13 @@ import requests
 from conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def close_abandoned_connections() -> None:
+    """Close the kept-alive connections this process dropped without closing (a requests.Session
+    or a third-party client left to the garbage collector): a stopping worker keeps each open up
+    to 2 s for a request that might be on its way, so a stop would wait that out."""
+    gc.collect()
 
 
 class LiveServer:
@@ -78,6 +86,7 @@ class LiveServer:
     def stop(self) -> None:
         if self.process is None:
             return
+        close_abandoned_connections()
         self.process.terminate()
         try:
             self.process.wait(timeout=10)
@@ -119,6 +128,7 @@ class EdgecutServe:
 
     def stop(self) -> int:
         if self.process.poll() is None:
+            close_abandoned_connections()
             self.process.send_signal(signal.SIGTERM)
         try:
             code = self.process.wait(timeout=30)
