@@ -488,10 +488,43 @@ def with_classes(model: ref.Model, sizes: list[int], rng: random.Random) -> ref.
     return dataclasses.replace(model, classes=labels)
 
 
+# The reference's decisions, by (model, observations, policy, max_tests): the agreement tests run
+# the same instances once per statistics path, and the naive reference does not depend on it.
+_REFERENCE_DECISIONS: dict[tuple, ref.Choice] = {}
+# The compiled instances, by model and the engine's module settings when compiled: every policy's
+# case compiles the same random models under the same path; one compile per (model, path) is
+# enough (a compiled instance is immutable; what it caches it computes under that same path).
+_COMPILED: dict[tuple, engine.CompiledInstance] = {}
+_PATH_MODULES = (alpha_module, statistics_module, compiled_module)
+
+
+def compiled_once(model: ref.Model) -> engine.CompiledInstance:
+    settings = tuple((module.__name__, name, repr(value)) for module in _PATH_MODULES
+                     for name, value in vars(module).items() if name.lstrip("_").isupper())
+    key = (repr(model), settings)
+    if key not in _COMPILED:
+        _COMPILED[key] = compile_model(model)
+    return _COMPILED[key]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _forget_compiled():
+    yield
+    _COMPILED.clear()
+    _REFERENCE_DECISIONS.clear()
+
+
+def reference_decision(model: ref.Model, observations, policy: str, max_tests) -> ref.Choice:
+    key = (repr(model), repr(observations), policy, max_tests)
+    if key not in _REFERENCE_DECISIONS:
+        _REFERENCE_DECISIONS[key] = ref.decide(model, observations, policy, max_tests=max_tests)
+    return _REFERENCE_DECISIONS[key]
+
+
 def compare_with_reference(model: ref.Model, observations, policy: str, where: str):
     """The engine's stop and scores against the reference. Returns (decision, the reference's
     decision, whether scores were compared)."""
-    inst = compile_model(model)
+    inst = compiled_once(model)
     # A likelihood instance would stop at the default confidence 0.95 before scoring anything;
     # a max_tests far away switches that default off and leaves the scores to compare.
     rules = StopRules(max_tests=100) if not model.deterministic else StopRules()
@@ -503,7 +536,7 @@ def compare_with_reference(model: ref.Model, observations, policy: str, where: s
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(compiled_module, "RATIO_TABLE_MAX_BYTES", 0)
             decisions.append(engine.next_step(compile_model(model), parsed, policy, rules))
-    expected = ref.decide(model, observations, policy, max_tests=rules.max_tests)
+    expected = reference_decision(model, observations, policy, rules.max_tests)
     for decision in decisions:
         assert (decision.stop_reason.value if decision.stop_reason else None) == expected.stop, where
         if expected.stop not in (None, "no_informative_test"):
