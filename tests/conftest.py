@@ -94,9 +94,12 @@ class RedisClusterServers:
         for i in range(masters * (1 + replicas)):
             node_dir = workdir / f"node-{i}"
             node_dir.mkdir(parents=True, exist_ok=True)
+            # A master starts a replica's full sync at once: by default it waits 5 s for more
+            # replicas to share the transfer, and each shard here has one.
             node = RedisServer(node_dir, "--cluster-enabled", "yes", "--cluster-port", str(free_port()),
                                "--cluster-config-file", "nodes.conf",
-                               "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS), "--appendonly", "no")
+                               "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS), "--appendonly", "no",
+                               "--repl-diskless-sync-delay", "0")
             self.nodes.append(node)
         self.replicas = replicas
 
