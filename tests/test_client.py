@@ -309,8 +309,9 @@ def test_a_problem_parsed_from_a_response_with_a_request_id():
 # --- gunicorn, two workers, a real Redis, API keys ---------------------------------------------
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def gunicorn_redis(redis_server):
+    """One server for the module (the worker-killing test comes last: the master replaces them)."""
     server = LiveServer({"REDIS_URL": redis_server.url, "KEY_PREFIX": f"client-{uuid.uuid4().hex[:8]}",
                          "API_KEYS": f"clinic:{API_KEY}"}, workers=2, threads=4)
     server.start()

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def redis_server_app(redis_server):
+@contextmanager
+def serving_over_redis(redis_server):
     prefix = f"e2e-{uuid.uuid4().hex[:8]}"
     server = EdgecutServe({"REDIS_URL": redis_server.url, "KEY_PREFIX": prefix, "LOG_LEVEL": "warning"}, "--workers", "2")
     try:
@@ -31,6 +32,20 @@ def redis_server_app(redis_server):
     finally:
         if server.process.poll() is None:
             server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_server_app(redis_server):
+    """One server for the tests that only send it requests (each its own session and keys)."""
+    with serving_over_redis(redis_server) as served:
+        yield served
+
+
+@pytest.fixture
+def own_redis_server_app(redis_server):
+    """A server of the test's own, for a test that stops it."""
+    with serving_over_redis(redis_server) as served:
+        yield served
 
 
 def _truth_outcomes(hypothesis_id: str) -> dict[str, str]:
@@ -84,8 +99,8 @@ def test_metrics_add_up_over_the_workers(redis_server_app):
     assert counted == sent
 
 
-def test_graceful_stop(redis_server_app):
-    server, _ = redis_server_app
+def test_graceful_stop(own_redis_server_app):
+    server, _ = own_redis_server_app
     assert server.stop() == 0
 
 
