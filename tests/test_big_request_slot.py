@@ -122,12 +122,14 @@ LIVE_BIG = 64 * 1024
 LIVE_MAX_BODY = 16 * 1024 * 1024
 
 
-@pytest.fixture
-def held_worker(tmp_path):
+@pytest.fixture(scope="module")
+def held_worker(tmp_path_factory):
     """A live worker (one process, 4 threads) whose big-request slot is held by a first request
-    (tests/hold_big_request.py holds it until a file exists): yields the server, then lets the
-    first request go and checks it was served."""
-    holding, release = tmp_path / "holding", tmp_path / "release"
+    (tests/hold_big_request.py holds it until a file exists) while the module's tests send it
+    theirs: yields the server, then lets the first request go and checks it was served and that
+    none of the refused requests stored anything."""
+    files = tmp_path_factory.mktemp("held")
+    holding, release = files / "holding", files / "release"
     server = LiveServer({"REDIS_URL": "", "BIG_REQUEST_BYTES": str(LIVE_BIG), "MAX_BODY_BYTES": str(LIVE_MAX_BODY),
                          "EDGECUT_TEST_HOLDING": str(holding), "EDGECUT_TEST_RELEASE": str(release)},
                         workers=1, threads=4, config=str(Path(__file__).parent / "hold_big_request.py"))
