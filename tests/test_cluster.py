@@ -334,8 +334,11 @@ def test_killing_a_master_under_load_fails_over_without_restarting_the_service(t
         stop.set()
         for thread in threads:
             thread.join(timeout=10)
-        for server in servers:
-            server.stop()
+        stopping = [threading.Thread(target=server.stop) for server in servers]  # side by side too
+        for thread in stopping:
+            thread.start()
+        for thread in stopping:
+            thread.join()
         cluster.stop()
 
 
