@@ -6,6 +6,7 @@ and ``edgecut evaluate`` compiles banks on ITEM_BANK_GRID_POINTS."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -17,21 +18,44 @@ from service.evaluation.exposure import calibrate_exposure
 from exposure_support import bank_of, compiled, rates_given, with_parameters
 
 RULES = engine.StopRules(max_tests=5)
+FRESH = 600  # examinees counted item by item
 
 
-def test_a_calibrated_bank_keeps_every_item_near_the_target_on_fresh_examinees():
+def test_a_calibrated_bank_holds_the_target_on_fresh_examinees():
     body = bank_of()
     plain = rates_given(body, RULES, 200, 10_000)
     assert plain.max() == 1.0  # uncontrolled, the best first item goes to everyone
     calibration = calibrate_exposure(compiled(body), 0.4, RULES, examinees=500, iterations=6, seed=1)
     assert calibration.iterations[0].top_rate == 1.0 and (calibration.iterations[0].exposure_parameters == 1).all()
     parameters = calibration.exposure_parameters
-    assert 0.4 <= parameters.min() < 1 and parameters.max() == 1.0
-    fresh = rates_given(with_parameters(body, parameters), RULES._replace(sympson_hetter=True), 600, 50_000)
-    # The target plus sampling noise: the calibration's own (the top of 40 rates measured on 500
-    # examinees) and this count's (on 600, one standard error is 0.02).
-    assert fresh.max() <= 0.4 + 0.1
+    held = parameters < 1
+    assert 0.4 <= parameters.min() and held.sum() >= 3 and parameters.max() == 1.0
+    fresh = rates_given(with_parameters(body, parameters), RULES._replace(sympson_hetter=True), FRESH, 50_000)
+    noise = math.sqrt(0.4 * 0.6 / FRESH)  # one standard error of this count at the target
+    # Every item within this count's noise and the calibration's (on 1,500 pooled examinees, about
+    # half of it) of the target, and the items held back at it on average.
+    assert fresh.max() <= 0.4 + 3.5 * noise
+    assert abs(fresh[held].mean() - 0.4) <= noise
     assert abs(fresh.sum() - 5) < 1e-9  # every examinee still given five items
+    # The calibration's own check, on examinees none of its iterations drew, says the same.
+    assert calibration.check.exposure_parameters.tolist() == parameters.tolist()
+    assert abs(calibration.check.given_rate[held].mean() - fresh[held].mean()) <= noise
+
+
+def test_the_parameters_come_from_the_estimate_pooled_over_the_second_half():
+    inst = compiled(bank_of())
+    calibration = calibrate_exposure(inst, 0.4, RULES, examinees=100, iterations=4, seed=2)
+    second_half = calibration.iterations[2:]
+    # P(S_j): items given over examinees whose coin the item would have passed.
+    chosen = np.sum([step.given_rate for step in second_half], axis=0) / \
+        np.sum([step.exposure_parameters for step in second_half], axis=0)
+    expected = np.where(chosen > 0.4, 0.4 / np.maximum(np.minimum(chosen, 1.0), 0.4), 1.0)
+    assert np.count_nonzero(expected == 1.0) >= 5  # enough items at 1 for a whole test here
+    assert calibration.exposure_parameters.tolist() == pytest.approx(expected.tolist(), rel=1e-12)
+    # The first half set each iteration's parameters from the one before alone.
+    first = calibration.iterations[0].given_rate
+    assert calibration.iterations[1].exposure_parameters.tolist() == \
+        pytest.approx(np.where(first > 0.4, 0.4 / np.maximum(first, 0.4), 1.0).tolist(), rel=1e-12)
 
 
 def test_calibration_is_reproducible_from_its_seed():
@@ -48,9 +72,10 @@ def test_every_item_keeps_k_at_one_when_the_test_needs_them_all():
     # parameters stay at 1 and every examinee is given a whole test.
     body = bank_of(6)
     calibration = calibrate_exposure(compiled(body), 0.1, RULES, examinees=100, iterations=3, seed=0)
-    for step in calibration.iterations:
+    for step in [*calibration.iterations, calibration.check]:
         assert np.count_nonzero(step.exposure_parameters == 1.0) >= 5
         assert abs(step.given_rate.sum() - 5) < 1e-9
+    assert not calibration.reached  # five items of six go to everyone
 
 
 def test_the_command_writes_the_bank_with_its_parameters(tmp_path, capsys):
@@ -65,7 +90,8 @@ def test_the_command_writes_the_bank_with_its_parameters(tmp_path, capsys):
     assert [item["exposure_parameter"] for item in written["item_bank"]["items"]] == \
         expected.exposure_parameters.tolist()
     assert compiled(written).exposure_parameters.tolist() == expected.exposure_parameters.tolist()
-    assert err.count("top exposure") == 2
+    assert err.count("top exposure") == 3  # two iterations and the check on fresh examinees
+    assert "on fresh examinees: top exposure" in err
 
 
 @pytest.mark.parametrize("arguments", [["--max-rate", "0"], ["--max-rate", "1.5"],

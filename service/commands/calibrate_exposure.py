@@ -21,8 +21,9 @@ def register(subparsers) -> None:
         "calibrate-exposure", help="set an item bank's Sympson–Hetter exposure parameters by simulation",
         description="Simulate examinees drawn from the bank's prior, tested under the stop rules with "
         "Sympson–Hetter exposure control, and set each item's exposure_parameter until no item is given to "
-        "more than --max-rate of them (Sympson & Hetter's iterative procedure). The bank, with the "
-        "parameters, goes to standard output; each iteration's top rate to standard error.",
+        "more than --max-rate of them (Sympson & Hetter's iterative procedure, its estimates pooled over the "
+        "second half of the iterations). The bank, with the parameters, goes to standard output; each "
+        "iteration's top rate, and the parameters' top rate on examinees no iteration drew, to standard error.",
     )
     parser.add_argument("instance", type=Path, help="item-bank instance JSON file")
     parser.add_argument("--max-rate", type=float, required=True,
@@ -31,7 +32,7 @@ def register(subparsers) -> None:
     add_stop_rules(parser, sympson_hetter=False)
     parser.add_argument("--examinees", type=int, default=1000,
                         help="simulated examinees per iteration (default 1000)")
-    parser.add_argument("--iterations", type=int, default=10, help="simulations at most (default 10)")
+    parser.add_argument("--iterations", type=int, default=10, help="simulations before the check (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulated examinees (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         inst = load_instance(args.instance)
         if inst.theta is None:
             raise CommandError(f"{args.instance} is not an item bank: exposure parameters belong to items")
-        bar = progress_bar(args.examinees * args.iterations, "calibrating", enabled=not args.no_progress)
+        bar = progress_bar(args.examinees * (args.iterations + 1), "calibrating", enabled=not args.no_progress)
         try:
             calibration = calibrate_exposure(
                 inst, args.max_rate, rules_from_arguments(args), policy=args.policy, examinees=args.examinees,
@@ -57,10 +58,12 @@ def run(args: argparse.Namespace) -> int:
     except (CommandError, engine.EngineError) as error:
         print(f"edgecut: error: {error}", file=sys.stderr)
         return 2
+    print("on fresh examinees: ", end="", file=sys.stderr)
+    _report(inst, calibration.check, args.max_rate)
     if not calibration.reached:
-        print(f"edgecut: the top rate is still above {args.max_rate:g} after {args.iterations} iterations: "
-              "the parameters written are those of the iteration with the lowest top rate (more --iterations "
-              "or --examinees, or a bank with more items, may reach it)", file=sys.stderr)
+        print(f"edgecut: on fresh examinees the top rate is more than three standard errors "
+              f"({calibration.noise:.1%} each) above {args.max_rate:g} after {args.iterations} iterations (more "
+              "--iterations or --examinees, or a bank with more items, may reach it)", file=sys.stderr)
     body = json.loads(args.instance.read_text(encoding="utf-8"))
     for item in body["item_bank"]["items"]:
         item["exposure_parameter"] = float(calibration.exposure_parameters[inst.test_index[item["id"]]])
