@@ -36,7 +36,7 @@ other policies, on cells whose boundaries fall on the cut scores, each read as t
 posterior's argmax and as the level holding θ̂ EAP, against the same catsim runs.
 
 Exposure control (``--only exposure`` runs it alone): fixed length 20 at the two cut scores,
-without control, with randomesque k = 5, and with Sympson–Hetter parameters set by
+without control, with randomesque k = 5, progressive, and with Sympson–Hetter parameters set by
 ``calibrate_exposure`` (``edgecut calibrate-exposure``) on its own examinees drawn from the prior
 (``--calibration-examinees`` per iteration, ``--calibration-iterations``, seed --seed + 1), then
 evaluated on the 2,000 examinees with the same coins; and content balancing over three areas
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-examinees", type=int, default=1000,
                         help="Sympson–Hetter calibration: simulated examinees per iteration")
     parser.add_argument("--calibration-iterations", type=int, default=10,
-                        help="Sympson–Hetter calibration: iterations at most")
+                        help="Sympson–Hetter calibration: iterations before its check")
     args = parser.parse_args(argv)
     try:
         import catsim.estimation
