@@ -2,7 +2,8 @@
 redis-server, API keys on, over HTTP. tests/test_schemathesis.py covers every operation in
 process with positive and negative data; this file adds what only a live server shows:
 
-* negative mode over every operation through the real stack (gunicorn's parser, the Redis store);
+* negative mode over every operation through the real stack (gunicorn's parser, the Redis store),
+  with generated examples (the coverage phase's fixed boundary cases run in process there);
 * stateful mode: schemathesis chains operations (POST /v1/instances → GET it, POST /v1/sessions →
   observe / read / delete it) from the ids in the response schemas.
 
@@ -46,6 +47,9 @@ def live_url(redis_server):
 def live_schema(live_url):
     schema = schemathesis.openapi.from_url(f"{live_url}/openapi.yaml")
     schema.config.update(base_url=live_url)
+    # The coverage phase's cases are deterministic, made from the same served contract: they run
+    # in process in tests/test_schemathesis.py. Here the generated examples take the real stack.
+    schema.config.phases.coverage.enabled = False
     _accept_413_as_rejection(schema)
     # Both modes: an operation whose only input is a free-form path string has no negative data,
     # and schemathesis skips (fails, under pytest) a negative-only run of it.
