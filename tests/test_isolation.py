@@ -228,7 +228,8 @@ def test_the_isolated_process_and_its_server_exit_when_their_worker_is_killed():
     script = textwrap.dedent("""
         import sys, time
         from service.api.isolation import IsolatedProcess
-        IsolatedProcess().warm()
+        process = IsolatedProcess()  # held, as a worker holds its own: a pool no one holds starts no next process
+        process.warm()
         print("ready", flush=True)
         time.sleep(600)
     """)
