@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,6 +103,23 @@ def test_metrics_add_up_over_the_workers(redis_server_app):
 def test_graceful_stop(own_redis_server_app):
     server, _ = own_redis_server_app
     assert server.stop() == 0
+
+
+def test_a_stop_while_the_worker_boots_ends_the_server_at_once():
+    """gunicorn installs a worker's signal handlers only part way through its boot; a stop that
+    arrives before must still end the worker, not leave the arbiter to wait out its graceful
+    timeout (20 s, service/gunicorn_conf.py) and then kill it."""
+    # A big heap reserve, faulted in early in the boot, keeps the worker there long enough to aim at.
+    server = EdgecutServe({"REDIS_URL": "", "WORKER_HEAP_RESERVE_BYTES": str(2**30)})
+    deadline = time.monotonic() + 20
+    while not (workers := Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children").read_text().split()):
+        assert time.monotonic() < deadline and server.process.poll() is None, "no worker was forked"
+        time.sleep(0.005)
+    time.sleep(0.1)  # past fork, into the reserve
+    assert Path(f"/proc/{workers[0]}").exists()
+    stopping = time.monotonic()
+    assert server.stop() == 0
+    assert time.monotonic() - stopping < 10, server.log[-2000:]
 
 
 def test_the_embedded_store_runs_exactly_one_worker():

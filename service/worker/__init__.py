@@ -47,6 +47,7 @@ from __future__ import annotations
 import errno
 import io
 import selectors
+import signal
 import socket
 import threading
 import time
@@ -95,6 +96,12 @@ class BufferingWorker(ThreadWorker):
     """gthread with whole requests buffered by the event loop (see the module docstring)."""
 
     def init_process(self):
+        # Until gunicorn installs this worker's signal handlers (in super().init_process()), the
+        # arbiter's, inherited through fork, would take a stop and drop it: the worker would boot
+        # and serve, and the arbiter wait out its graceful timeout before killing it.
+        self.stop_while_booting = False
+        for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            signal.signal(stop, self._note_stop_while_booting)
         settings = load_settings()
         self.read_timeout = settings.request_read_timeout
         self.buffer_budget = settings.request_buffer_bytes
@@ -117,7 +124,14 @@ class BufferingWorker(ThreadWorker):
         reserve_heap(self.heap_reserve)  # before any thread starts
         super().init_process()  # runs the worker; must come last
 
+    def _note_stop_while_booting(self, signum, frame) -> None:
+        self.stop_while_booting = True
+
     def load_wsgi(self):
+        # The worker's own handlers are in place (gunicorn installs them just before): a stop that
+        # came earlier ends the worker as soon as it boots.
+        if self.stop_while_booting:
+            self.alive = False
         super().load_wsgi()
         if hasattr(self.wsgi, "extensions"):  # an edgecut app: its big requests' instances compiled beside it
             isolation.install(self.wsgi)
