@@ -100,6 +100,7 @@ class BufferingWorker(ThreadWorker):
         # arbiter's, inherited through fork, would take a stop and drop it: the worker would boot
         # and serve, and the arbiter wait out its graceful timeout before killing it.
         self.stop_while_booting = False
+        self.isolated: isolation.IsolatedProcess | None = None
         for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             signal.signal(stop, self._note_stop_while_booting)
         settings = load_settings()
@@ -124,6 +125,16 @@ class BufferingWorker(ThreadWorker):
         reserve_heap(self.heap_reserve)  # before any thread starts
         super().init_process()  # runs the worker; must come last
 
+    def run(self):
+        try:
+            super().run()
+        finally:
+            # While the worker still runs: left to the interpreter's exit, a process the pool starts
+            # meanwhile (the next one, once the warm-up's has served) would find the pool's
+            # semaphores already gone and print a traceback.
+            if self.isolated is not None:
+                self.isolated.shutdown()
+
     def _note_stop_while_booting(self, signum, frame) -> None:
         self.stop_while_booting = True
 
@@ -134,7 +145,7 @@ class BufferingWorker(ThreadWorker):
             self.alive = False
         super().load_wsgi()
         if hasattr(self.wsgi, "extensions"):  # an edgecut app: its big requests' instances compiled beside it
-            isolation.install(self.wsgi)
+            self.isolated = isolation.install(self.wsgi)
         rehearse()  # before the worker serves: a request arriving meanwhile would compete with it
         # On a thread of its own, waited for up to WARM_UP_WAIT: a first request arriving while
         # the store's connections were still being opened raced them (a cold 10⁴ × 10³ first step
