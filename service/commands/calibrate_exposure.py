@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
     print("on fresh examinees: ", end="", file=sys.stderr)
     _report(inst, calibration.check, args.max_rate)
     if not calibration.reached:
-        print(f"edgecut: on fresh examinees the top rate is more than three standard errors "
-              f"({calibration.noise:.1%} each) above {args.max_rate:g} after {args.iterations} iterations (more "
-              "--iterations or --examinees, or a bank with more items, may reach it)", file=sys.stderr)
+        print(f"edgecut: on fresh examinees the top rate is more than {calibration.margin:.1%} above "
+              f"{args.max_rate:g} (more than counting {args.examinees} examinees explains) after {args.iterations} "
+              "iterations (more --iterations or --examinees, or a bank with more items, may reach it)", file=sys.stderr)
     body = json.loads(args.instance.read_text(encoding="utf-8"))
     for item in body["item_bank"]["items"]:
         item["exposure_parameter"] = float(calibration.exposure_parameters[inst.test_index[item["id"]]])

@@ -34,12 +34,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
 from service.engine import CompiledInstance, StopRules, resolve_policy
 
 from .report import Progress, items_given, simulate
+
+FALSE_ALARM = 0.01  # how often a bank held at its target is reported as not reached
 
 
 @dataclass(frozen=True)
@@ -71,10 +74,19 @@ class ExposureCalibration:
         return float(np.sqrt(self.max_rate * (1 - self.max_rate) / self.examinees))
 
     @property
+    def margin(self) -> float:
+        """How far above ``max_rate`` the check's top rate may be from counting alone: were every
+        held-back item given at exactly ``max_rate``, the largest of their counted rates would pass
+        ``max_rate + margin`` in one check of a hundred (normal approximation, shared out over
+        the items held back, Bonferroni's way)."""
+        held = max(1, int(np.count_nonzero(self.exposure_parameters < 1)))
+        return NormalDist().inv_cdf(1 - FALSE_ALARM / held) * self.noise
+
+    @property
     def reached(self) -> bool:
-        """Whether every item's rate on the check's examinees is within three standard errors of
+        """Whether every item's rate on the check's examinees is within :attr:`margin` of
         ``max_rate``: held there, as far as that many examinees can tell."""
-        return self.check.top_rate <= self.max_rate + 3 * self.noise
+        return self.check.top_rate <= self.max_rate + self.margin
 
 
 def calibrate_exposure(inst: CompiledInstance, max_rate: float, rules: StopRules = StopRules(), *,
