@@ -50,7 +50,10 @@ class LiveServer:
         argv = [sys.executable, "-m", "gunicorn", *(("--config", self.config) if self.config else ()),
                 "--workers", str(self.workers), "--worker-class", self.worker_class,
                 "--threads", str(self.threads), "--bind", f"127.0.0.1:{self.port}", "--timeout", "30",
-                "--graceful-timeout", "3", "--log-level", "warning", *self.gunicorn_args, "service.app:create_app()"]
+                "--graceful-timeout", "3", "--log-level", "warning",
+                # gunicorn's control socket has one default path: servers side by side would remove
+                # each other's (the project's config disables it too).
+                "--no-control-socket", *self.gunicorn_args, "service.app:create_app()"]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
