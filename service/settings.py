@@ -93,8 +93,9 @@ class Settings(BaseSettings):
     instance_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0, description=(
         "per-worker LRU of compiled instances, bytes (arrays and labels)"))
     worker_heap_reserve_bytes: int = Field(default=128 * 1024 * 1024, ge=0, le=2**31 - 1, description=(
-        "heap each worker faults in when it boots and keeps (glibc's malloc), so that big requests, a "
-        "fresh worker's first included, do not pay the kernel for fresh pages; 0: malloc's defaults "
+        "heap each worker faults in when it boots and keeps (glibc's malloc), and each of its isolated "
+        "processes as it starts, so that big requests, a fresh worker's first included, do not pay the "
+        "kernel for fresh pages; 0: malloc's defaults "
         "(docs/scaling.md)"))
     step_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, description=(
         "per-worker LRU of computed steps and the beliefs carried to the next, bytes (estimated from "

@@ -34,7 +34,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "service.auto": {"schemas", "service.engine", "service.store"},
     "service.sessions": {"schemas", "service.engine", "service.store", "service.auto", "service.errors",
                          "service.metrics"},
-    "service.api": {"schemas", "service.engine", "service.store", "service.evaluation", "service.auto",
+    "service.api": {"schemas", "service.engine", "service.store", "service.evaluation", "service.auto", "service.heap",
                     "service.sessions", "service.errors", "service.metrics", "service.logs", "service.settings"},
     "edgecut": {"schemas"},
 }

@@ -203,6 +203,24 @@ def test_each_request_gets_a_fresh_process_of_lower_priority(process):
     assert process.run(os.nice, 0) == min(os.nice(0) + isolation.ISOLATED_NICE, 19)
 
 
+def resident_mib(status: str) -> float:
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+def test_the_isolated_process_keeps_the_workers_heap_reserve(app_config):
+    """Written as the process starts (before its request), so a big request there does not pay
+    for fresh pages; 0 keeps malloc's defaults, as in the worker."""
+    sizes = {}
+    for reserve in (0, 96 * 1024 * 1024):
+        process = isolation.install(create_app({**app_config, "worker_heap_reserve_bytes": reserve}))
+        try:
+            sizes[reserve] = resident_mib(process.run(Path("/proc/self/status").read_text))
+        finally:
+            process.shutdown()
+    assert sizes[96 * 1024 * 1024] - sizes[0] >= 90, sizes
+
+
 def children(pid: int) -> set[int]:
     found = set()
     for task in Path(f"/proc/{pid}/task").glob("*"):

@@ -43,9 +43,11 @@ from schemas.api import SelectRequest, SessionCreate
 from schemas.instance import Instance
 from service import engine
 from service.errors import ServiceError
+from service.heap import reserve_heap
 from service.sessions.precompiled import PrecompiledInstance
 from service.store.encoded import EncodedInstance
 
+from .context import EXTENSION as SERVICES
 from .context import services
 from .limits import holding_big_request, refuse_parse_cost
 
@@ -63,11 +65,15 @@ _JOB_DIRECTORY_PREFIX = "edgecut-isolated-"
 
 
 class IsolatedProcess:
-    """The worker's process for big requests: one at a time, a fresh one for each."""
+    """The worker's process for big requests: one at a time, a fresh one for each. Each keeps
+    ``heap_reserve`` bytes of heap faulted in, as a worker does (service/heap.py), written as it
+    starts: the pool starts the next process as soon as the last has served, so the reserve is
+    paid for before the next big request arrives, not while it waits."""
 
-    def __init__(self) -> None:
+    def __init__(self, heap_reserve: int = 0) -> None:
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
+        self._heap_reserve = heap_reserve
 
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -75,7 +81,8 @@ class IsolatedProcess:
                 context = multiprocessing.get_context("forkserver")
                 context.set_forkserver_preload(["service.api.bodies"])  # imports this module too
                 self._pool = ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_start_in_isolation,
-                                                 initargs=(ISOLATED_NICE, os.getpid()), max_tasks_per_child=1)
+                                                 initargs=(ISOLATED_NICE, os.getpid(), self._heap_reserve),
+                                                 max_tasks_per_child=1)
             return self._pool
 
     def run(self, function: Callable[..., Any], *args: Any) -> Any:
@@ -104,7 +111,8 @@ class IsolatedProcess:
 def install(app: Any) -> IsolatedProcess:
     """Give ``app`` an isolated process (the project's gunicorn worker does, service/worker/);
     an app without one (a test client's, another server's) parses every body itself."""
-    return app.extensions.setdefault(EXTENSION, IsolatedProcess())
+    settings = app.extensions[SERVICES].settings
+    return app.extensions.setdefault(EXTENSION, IsolatedProcess(settings.worker_heap_reserve_bytes))
 
 
 def carries_an_instance(model: type[BaseModel], raw: bytes) -> bool:
@@ -156,8 +164,9 @@ def job_directory() -> tempfile.TemporaryDirectory:
 # --- in the isolated process ---------------------------------------------------------------------
 
 
-def _start_in_isolation(nice: int, worker_pid: int) -> None:
+def _start_in_isolation(nice: int, worker_pid: int, heap_reserve: int) -> None:
     os.nice(nice)
+    reserve_heap(heap_reserve)  # niced first: the writes run at the lower priority
     threading.Thread(target=_exit_with, args=(worker_pid,), name="edgecut-exit-with-worker", daemon=True).start()
 
 
