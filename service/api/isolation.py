@@ -47,8 +47,7 @@ from service.heap import reserve_heap
 from service.sessions.precompiled import PrecompiledInstance
 from service.store.encoded import EncodedInstance
 
-from .context import EXTENSION as SERVICES
-from .context import services
+from .context import EXTENSION as SERVICES, services
 from .limits import holding_big_request, refuse_parse_cost
 
 Model = TypeVar("Model", bound=BaseModel)
