@@ -21,6 +21,17 @@ from conftest import free_port
 REPO = Path(__file__).resolve().parent.parent
 
 
+def child_pids(pid: int) -> set[int]:
+    """A process's children, from /proc: each of its threads lists those it started."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found.update(int(child) for child in (task / "children").read_text().split())
+        except OSError:  # the thread, or the process, is gone
+            continue
+    return found
+
+
 def close_abandoned_connections() -> None:
     """Close the kept-alive connections this process dropped without closing (a requests.Session
     or a third-party client left to the garbage collector): a stopping worker keeps each open up
@@ -73,13 +84,7 @@ class LiveServer:
 
     def worker_pids(self) -> list[int]:
         """The master's children (gunicorn workers), from /proc."""
-        if self.process is None:
-            return []
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        try:
-            return [int(pid) for pid in children.read_text().split()]
-        except OSError:
-            return []
+        return [] if self.process is None else sorted(child_pids(self.process.pid))
 
     def kill_worker(self) -> int:
         pid = self.worker_pids()[0]

@@ -15,12 +15,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from api_support import TRIAGE
+from live_server import child_pids
 from schemas.arrays import encode
 from service import engine
 from service.api import isolation
@@ -221,53 +223,56 @@ def test_the_isolated_process_keeps_the_workers_heap_reserve(app_config):
     assert sizes[96 * 1024 * 1024] - sizes[0] >= 90, sizes
 
 
-def children(pid: int) -> set[int]:
-    found = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found.update(int(child) for child in (task / "children").read_text().split())
-        except OSError:
-            continue
-    return found
-
-
 def descendants(pid: int) -> set[int]:
     found, todo = set(), [pid]
     while todo:
-        new = children(todo.pop())
+        new = child_pids(todo.pop())
         found |= new
         todo.extend(new)
     return found
 
 
+def killed_worker(script: str, while_running: Callable[[str, int], None] = lambda line, pid: None
+                  ) -> tuple[str, set[int]]:
+    """Run ``script`` as a worker; once it has printed a line and its fork server has forked a
+    process, call ``while_running(line, its pid)`` and SIGKILL it: (the line, every process the
+    worker had started)."""
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    try:
+        line = worker.stdout.readline().strip()
+        deadline = time.monotonic() + 20
+        while not (left := descendants(worker.pid)) - child_pids(worker.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left - child_pids(worker.pid), left  # a process forked by the fork server
+        while_running(line, worker.pid)
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    return line, left
+
+
 def test_the_isolated_process_and_its_server_exit_when_their_worker_is_killed():
     """A worker killed (its timeout, out of memory) never shuts its process down: it must not
     wait for a next job forever, keeping its fork server alive with it."""
-    script = textwrap.dedent("""
-        import sys, time
+    line, left = killed_worker(textwrap.dedent("""
+        import time
         from service.api.isolation import IsolatedProcess
         process = IsolatedProcess()  # held, as a worker holds its own: a pool no one holds starts no next process
         process.warm()
         print("ready", flush=True)
         time.sleep(600)
-    """)
-    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
-    try:
-        assert worker.stdout.readline().strip() == "ready"
-        deadline = time.monotonic() + 20
-        while not (left := descendants(worker.pid)) - children(worker.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert left - children(worker.pid), left  # a process forked by the fork server, waiting for a job
-    finally:
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
+    """))
+    assert line == "ready"  # and a process waiting for a job
     assert not still_running(left)
 
 
 def test_a_killed_workers_job_files_are_removed_by_its_isolated_process():
     """A worker killed in the middle of a big request never leaves its job directory's `with`."""
-    script = textwrap.dedent("""
+    def in_place(directory: str, pid: int) -> None:
+        assert Path(directory).is_dir() and str(pid) in Path(directory).name
+
+    directory, left = killed_worker(textwrap.dedent("""
         import threading, time
         from service.api.isolation import IsolatedProcess, job_directory
         process = IsolatedProcess()
@@ -277,21 +282,9 @@ def test_a_killed_workers_job_files_are_removed_by_its_isolated_process():
                 process.run(time.sleep, 600)
         threading.Thread(target=job, daemon=True).start()
         time.sleep(600)
-    """)
-    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
-    try:
-        directory = Path(worker.stdout.readline().strip())
-        assert directory.is_dir() and str(worker.pid) in directory.name
-        deadline = time.monotonic() + 20
-        while not (left := descendants(worker.pid)) - children(worker.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert left - children(worker.pid), left  # the process running the job
-    finally:
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
-    assert not still_running(left)
-    assert not directory.exists()
+    """), in_place)
+    assert not still_running(left)  # the process running the job
+    assert not Path(directory).exists()
 
 
 def still_running(pids: set[int]) -> list[int]:
