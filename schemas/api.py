@@ -108,6 +108,7 @@ Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
 PolicyName = Annotated[str, Field(min_length=1, max_length=64)]
 MaxExpectedLoss = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]  # a loss may be 0
 MaxSE = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+MaxRate = Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)]
 MAX_EVALUATED_POLICIES = 10
 
 
@@ -129,15 +130,21 @@ class Exposure(_Request):
     """Exposure control: ``randomesque`` draws the next test uniformly among the ``k`` best;
     ``sympson_hetter`` gives a chosen item with its ``exposure_parameter`` in the item bank;
     ``progressive`` scores each test by a random draw blended with its gain, the gain's weight
-    growing with the step (needs max_tests); ``progressive_sympson_hetter`` applies both."""
+    growing with the step (needs max_tests); ``progressive_sympson_hetter`` applies both;
+    ``restricted`` holds a test back while it has been given in ``max_rate`` of the instance's
+    sessions or more (counted across them: sessions and evaluations, not a stateless select)."""
 
-    method: Literal["randomesque", "sympson_hetter", "progressive", "progressive_sympson_hetter"]
+    method: Literal["randomesque", "sympson_hetter", "progressive", "progressive_sympson_hetter", "restricted"]
     k: Annotated[StrictInt, Field(ge=1, le=MAX_RANDOMESQUE_K)] | None = None
+    max_rate: MaxRate | None = None
 
     @model_validator(mode="after")
-    def _k_for_randomesque(self) -> Exposure:
+    def _parameter_of_method(self) -> Exposure:
         if (self.method == "randomesque") != (self.k is not None):
             raise ValueError("randomesque takes k (how many of the best to draw among); the other methods take none")
+        if (self.method == "restricted") != (self.max_rate is not None):
+            raise ValueError("restricted takes max_rate (the share of sessions a test may be given to); "
+                             "the other methods take none")
         return self
 
     @property

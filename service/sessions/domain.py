@@ -227,7 +227,8 @@ def stop_rules(config: StepConfig | EvaluateRequest) -> engine.StopRules:
                             None if config.max_se is None else float(config.max_se),
                             None if config.exposure is None else config.exposure.k,
                             config.exposure is not None and config.exposure.sympson_hetter,
-                            config.exposure is not None and config.exposure.progressive)
+                            config.exposure is not None and config.exposure.progressive,
+                            None if config.exposure is None else config.exposure.max_rate)
 
 
 def checked_exclusions(compiled: engine.CompiledInstance, config: StepConfig) -> tuple[str, ...]:

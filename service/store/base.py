@@ -1,11 +1,12 @@
 """The session-store contract. Every store (in-memory, Redis, Redis Cluster) implements
 :class:`SessionStore` and passes the same contract suite (tests/test_store_contract.py).
 
-The contract is five small parts, each a class of its own, so a reader (or a domain module's
+The contract is six small parts, each a class of its own, so a reader (or a domain module's
 type hint) can hold one at a time: :class:`InstanceShelf` (instances, their listing and the
 memory of deletions), :class:`SessionTable` (compare-and-set session records),
-:class:`IdempotencyKeys`, :class:`SharedValues` and :class:`StoreHealth`; plus :meth:`SessionStore.rate_limiter`, so the
-rate limits live wherever the store does. The rules every store shares (the instance TTL, the
+:class:`IdempotencyKeys`, :class:`SharedValues`, :class:`ExposureCounts` and
+:class:`StoreHealth`; plus :meth:`SessionStore.rate_limiter`, so the rate limits live wherever
+the store does. The rules every store shares (the instance TTL, the
 next-version check, what makes two records the same) are public here, not in one store.
 
 What is stored:
@@ -15,7 +16,9 @@ What is stored:
 * sessions: small records (ids, config, the observations so far, a version number);
 * for listings, when each instance was first stored, and for a while which were deleted;
 * small shared values computed once for all workers (what ``auto`` chose for an instance and
-  stop rules), under a name, for the instance TTL.
+  stop rules), under a name, for the instance TTL;
+* per instance, how many sessions counted its use and how many were given each test (for
+  restricted exposure control), for the instance TTL.
 
 Updates are compare-and-set on the version: two workers can never both apply a step.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -63,15 +67,22 @@ class SessionRecord:
     randomesque: int | None = None  # exposure control: draw among the k best (seeded by seed and session id)
     sympson_hetter: bool | None = None  # exposure control with the item bank's parameters (the same seed)
     progressive: bool | None = None  # exposure control: gain blended with a random draw (the same seed)
+    # Restricted exposure control: the share of the instance's sessions a test may be given to,
+    # and the tests held back for the step after the observations (fixed when they were stored,
+    # from the counts then, so every worker computes the same step).
+    max_rate: float | None = None
+    held_back: tuple[str, ...] = ()
 
     def with_observations(self, observations: tuple[tuple[str, str | None], ...],
-                          expires_at: float | None = None) -> SessionRecord:
-        """The next version, with these observations (and this expiry, when given)."""
+                          expires_at: float | None = None, held_back: tuple[str, ...] | None = None) -> SessionRecord:
+        """The next version, with these observations (and this expiry, and these tests held
+        back, when given)."""
         # A copy of the fields, not dataclasses.replace: that reads the class's fields and runs
         # __init__ (which checks nothing here) on every observation.
         record = object.__new__(SessionRecord)
         record.__dict__.update(self.__dict__, observations=observations, version=self.version + 1,
-                               expires_at=self.expires_at if expires_at is None else expires_at)
+                               expires_at=self.expires_at if expires_at is None else expires_at,
+                               held_back=self.held_back if held_back is None else held_back)
         return record
 
 
@@ -181,8 +192,8 @@ class InstanceShelf(abc.ABC):
 
     @abc.abstractmethod
     def delete_instance(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> bool:
-        """Remove the instance and remember for its TTL that it was deleted (so its sessions can
-        say so); True if it existed. Storing the same content again brings it back."""
+        """Remove the instance and its exposure counts, and remember for its TTL that it was
+        deleted (so its sessions can say so); True if it existed. Storing the same content again brings it back."""
 
     def make_room(self, nbytes: int) -> None:
         """Give up instances this process caches (never stored ones) until they and ``nbytes``
@@ -252,6 +263,25 @@ class SharedValues(abc.ABC):
         computed one at the same time agrees on the first."""
 
 
+class ExposureCounts(abc.ABC):
+    """Running counts of one instance's use across its sessions, shared by every worker: how
+    many sessions were counted and how many of them were given each test. Restricted exposure
+    control (service/sessions/exposure.py) holds back a test once its count reaches a share of
+    the sessions."""
+
+    @abc.abstractmethod
+    def exposure_counts(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> tuple[int, dict[str, int]]:
+        """(sessions counted, times given by test id; tests never given are absent); (0, {})
+        when nothing was counted, or the counts expired or were deleted with the instance."""
+
+    @abc.abstractmethod
+    def count_exposure(self, instance_id: str, tenant: str = DEFAULT_TENANT, *, sessions: int = 0,
+                       tests: Sequence[str] = ()) -> None:
+        """Add ``sessions`` to the session count and 1 to each of ``tests``' counts, at once, and
+        keep the counts for the instance TTL from now. Any string is a test id (no id clashes
+        with where the session count is kept)."""
+
+
 class StoreHealth(abc.ABC):
     @abc.abstractmethod
     def ping(self) -> None:
@@ -263,7 +293,7 @@ class StoreHealth(abc.ABC):
         store does not answer. Reads and writes nothing."""
 
 
-class SessionStore(InstanceShelf, SessionTable, IdempotencyKeys, SharedValues, StoreHealth):
+class SessionStore(InstanceShelf, SessionTable, IdempotencyKeys, SharedValues, ExposureCounts, StoreHealth):
     """One tenant-scoped store of instances and sessions. All methods are thread-safe."""
 
     @abc.abstractmethod
