@@ -16,6 +16,7 @@ from service.errors import ConcurrentUpdate, ServiceError
 from service.metrics import OBSERVATIONS_APPLIED
 from service.store import SessionRecord, SessionStore, VersionConflict
 
+from . import exposure
 from .records import instance_of_session, session_record
 from .state import SessionResult, Step, session_json
 from .steps import Labelled, Steps, session_key
@@ -95,17 +96,25 @@ class Writer:
         another writer changed it since it was read: then None, and the caller reads it again.
         Observations that leave no hypothesis alive are refused first (InconsistentObservation);
         the step after them is computed once they are stored, so an attempt that loses (a record
-        this worker remembered that another has moved on from) costs no step."""
-        key = session_key(record, compiled, change.observations)
+        this worker remembered that another has moved on from) costs no step. Under restricted
+        exposure control the record fixes the tests held back from the counts read first, and
+        the tests it shows for the first time are counted once it is stored (exposure.py)."""
+        held = exposure.held_back(self.store, compiled, record) if record.max_rate is not None else None
+        updated = record.with_observations(change.observations, expires_at=self.clock() + self.session_ttl,
+                                           held_back=held)
+        key = session_key(updated, compiled, change.observations)
         step = self.steps.get(key)  # computed already: they are consistent
         belief = None if step is not None else change.belief or self.steps.observe(compiled, key)
-        updated = record.with_observations(change.observations, expires_at=self.clock() + self.session_ttl)
         try:
             self.store.update_session(updated, expected_version=record.version)
         except VersionConflict:
             return None
         if change.applied:
             OBSERVATIONS_APPLIED.inc(change.applied)
+        if record.max_rate is not None:
+            given = exposure.first_given(record, change.observations)
+            if given:
+                self.store.count_exposure(record.instance_id, record.tenant, tests=given)
         if step is None:
             step = self.steps.compute(compiled, key, belief)
         return SessionResult(self.state(updated, compiled, explain, step), updated.version)

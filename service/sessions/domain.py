@@ -9,6 +9,7 @@ and a corrected or withdrawn observation simply changes the facts the state is c
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from service.store import DEFAULT_TENANT, SessionRecord, SessionStore
 from service.store.encoded import EncodedInstance
 
 from .commit import Writer
+from . import exposure
 from .corrections import Correct, Withdraw
 from .idempotency import config_of, replay
 from .observations import Observe, labels_of
@@ -124,6 +126,8 @@ class Sessions:
         # policy must leave nothing behind).
         compiled = self._instance_of(request, tenant)
         record = self._record(request, compiled, secrets.token_urlsafe(SESSION_ID_BYTES), self.clock(), tenant)
+        if record.max_rate is not None:
+            record = dataclasses.replace(record, held_back=exposure.held_back(self.store, compiled, record, starting=True))
         state = self.writer.state(record, compiled, explain)  # before storing: nothing is kept on failure
         if idempotency_key is not None:
             bound = self.store.idempotency_binding(idempotency_key, tenant)
@@ -138,6 +142,8 @@ class Sessions:
                 # A concurrent first use of the key won the claim. Drop ours and answer with that one.
                 self.store.delete_session(record.session_id, tenant)
                 return replay(self.writer, bound, record, explain)
+        if record.max_rate is not None:
+            self.store.count_exposure(record.instance_id, tenant, sessions=1)
         SESSIONS_CREATED.inc()
         return SessionResult(state, record.version, created=True)
 
@@ -159,6 +165,7 @@ class Sessions:
             randomesque=None if request.exposure is None else request.exposure.k,
             sympson_hetter=True if request.exposure and request.exposure.sympson_hetter else None,
             progressive=True if request.exposure and request.exposure.progressive else None,
+            max_rate=None if request.exposure is None else request.exposure.max_rate,
             seed=request.seed, created_at=now, expires_at=now + self.session_ttl, tenant=tenant,
             exclude_tests=excluded, batch_size=request.batch_size,
         )
@@ -214,6 +221,10 @@ class Sessions:
         parsed = engine.parse_observations(compiled, request.labelled())
         observations = tuple(labels_of(compiled, t, k) for t, k in parsed)
         rules = stop_rules(request)
+        if rules.max_rate is not None:
+            raise engine.StopRuleNotApplicable("restricted counts how often an instance's sessions gave each test; "
+                                               "a stateless select belongs to none (create a session)",
+                                               "exposure.method")
         policy = self.auto.policy(compiled, request.policy, rules, tenant)  # last: auto's choice is stored
         key = step_key(tenant, compiled, policy, rules, request.seed, observations, excluded, request.batch_size)
         return step_json(self.steps.compute(compiled, key), compiled, explain)

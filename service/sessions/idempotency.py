@@ -14,7 +14,7 @@ def config_of(record: SessionRecord) -> tuple:
     """What a create request asked for: a retry with the key must ask for the same."""
     return (record.instance_id, record.policy, record.max_tests, record.max_cost, record.confidence, record.seed,
             record.max_expected_loss, record.exclude_tests, record.batch_size, record.max_se,
-            record.randomesque, record.sympson_hetter, record.progressive)
+            record.randomesque, record.sympson_hetter, record.progressive, record.max_rate)
 
 
 def replay(writer: Writer, bound: str, record: SessionRecord, explain: bool) -> SessionResult:

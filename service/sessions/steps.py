@@ -43,23 +43,27 @@ class StepKey(NamedTuple):
     seed: int | None  # None when the policy does not draw from it
     excluded: tuple[str, ...]
     batch_size: int
+    held_back: tuple[str, ...]  # by restricted exposure control, from the counts the record fixed
     observations: Labelled
 
 
 def step_key(tenant: str, compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
-             observations: Labelled, excluded: tuple[str, ...], batch_size: int) -> StepKey:
+             observations: Labelled, excluded: tuple[str, ...], batch_size: int,
+             held_back: tuple[str, ...] = ()) -> StepKey:
     # Sessions that differ in their seed alone share their steps, unless the policy draws from it.
     seeded = engine.resolve_policy(compiled, policy).seeded or rules.draws_for_exposure
-    return StepKey(tenant, compiled.content_hash, policy, rules, seed if seeded else None, excluded, batch_size, observations)
+    return StepKey(tenant, compiled.content_hash, policy, rules, seed if seeded else None, excluded, batch_size,
+                   held_back, observations)
 
 
 def session_key(record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> StepKey:
     """The key of the step after ``observations`` in ``record``'s session."""
     rules = engine.StopRules(record.max_tests, record.max_cost, record.confidence, record.max_expected_loss,
-                             record.max_se, record.randomesque, bool(record.sympson_hetter), bool(record.progressive))
+                             record.max_se, record.randomesque, bool(record.sympson_hetter), bool(record.progressive),
+                             record.max_rate)
     seed = session_seed(record.seed, record.session_id) if rules.draws_for_exposure else record.seed
     return step_key(record.tenant, compiled, record.policy, rules, seed, observations, record.exclude_tests,
-                    record.batch_size)
+                    record.batch_size, record.held_back)
 
 
 def session_seed(seed: int, session_id: str) -> int:
@@ -76,7 +80,7 @@ def key_bytes(key: StepKey, compiled: engine.CompiledInstance) -> int:
     observations."""
     test_bytes, outcome_bytes = compiled.largest_label_bytes
     return (KEY_BYTES + (OBSERVATION_BYTES + test_bytes + outcome_bytes) * len(key.observations)
-            + test_bytes * len(key.excluded))
+            + test_bytes * (len(key.excluded) + len(key.held_back)))
 
 
 def belief_bytes(belief: engine.Belief) -> int:
@@ -88,13 +92,19 @@ def decide(compiled: engine.CompiledInstance, key: StepKey, belief: engine.Belie
            batch_size: int | None = None) -> engine.Decision:
     """The engine's decision on ``belief`` under the key's policy and rules (``batch_size``: the
     key's unless given)."""
-    excluded = None
-    if key.excluded:
-        excluded = np.zeros(compiled.n_tests, dtype=bool)
-        excluded[[compiled.test_index[t] for t in key.excluded]] = True
     # The key holds the seed whenever the policy draws from it.
-    return engine.decide(belief, engine.resolve_policy(compiled, key.policy), key.rules, key.seed or 0, excluded,
-                         key.batch_size if batch_size is None else batch_size)
+    return engine.decide(belief, engine.resolve_policy(compiled, key.policy), key.rules, key.seed or 0,
+                         _mask(compiled, key.excluded), key.batch_size if batch_size is None else batch_size,
+                         _mask(compiled, key.held_back))
+
+
+def _mask(compiled: engine.CompiledInstance, tests: tuple[str, ...]) -> np.ndarray | None:
+    """(N,) bool of ``tests`` (known ids), None when there are none."""
+    if not tests:
+        return None
+    mask = np.zeros(compiled.n_tests, dtype=bool)
+    mask[[compiled.test_index[t] for t in tests]] = True
+    return mask
 
 
 class _Entry(NamedTuple):

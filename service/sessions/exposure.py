@@ -1,0 +1,45 @@
+"""Restricted exposure control across sessions: a test is held back while it has been given in
+``max_rate`` of its instance's sessions or more (Revuelta & Ponsoda, 1998).
+
+The counts live in the store (:class:`~service.store.base.ExposureCounts`), shared by every
+worker: a session counts once when it is created and once for each test it is first given (an
+answer or a skip: the respondent saw it). The tests held back are fixed in the record whenever
+its observations are stored, from the counts read just before, so a step stays a function of
+the record and every worker (and every replay of a GET) proposes the same next test.
+
+The cap is exact for sessions that run one after another. Sessions that run at once read the
+counts before either has stored its answer, so each of k concurrent sessions may be given a
+test that is one below its cap: a test can pass it by at most k − 1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service import engine
+from service.store import SessionRecord, SessionStore
+
+from .steps import Labelled
+
+
+def held_back(store: SessionStore, compiled: engine.CompiledInstance, record: SessionRecord,
+              starting: bool = False) -> tuple[str, ...]:
+    """The tests ``record``'s session holds back for its next step, from the counts now
+    (``starting``: the session is not counted yet, so it is added to the sessions)."""
+    if record.max_rate is None:
+        return ()
+    sessions, given = store.exposure_counts(record.instance_id, record.tenant)
+    counts = np.zeros(compiled.n_tests)
+    for test, count in given.items():
+        t = compiled.test_index.get(test)
+        if t is not None:  # a count under an id this instance does not have is no one's
+            counts[t] = count
+    held = engine.item_bank.restricted_held_back(counts, sessions + (1 if starting else 0), record.max_rate)
+    return tuple(compiled.test_ids[t] for t in np.flatnonzero(held))
+
+
+def first_given(before: SessionRecord, after: Labelled) -> tuple[str, ...]:
+    """The tests ``after``'s observations show that ``before``'s did not: each is counted once
+    per session (a repeated answer, a correction or a withdrawal shows nothing new)."""
+    shown = {test for test, _ in before.observations}
+    return tuple(dict.fromkeys(test for test, _ in after if test not in shown))
