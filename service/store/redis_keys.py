@@ -8,6 +8,9 @@ percent-encoded, so none of them can contain ``{``, ``}`` or ``:``)::
     P:{k:<tenant>:<idempotency key>}:idem   string  the session id the key is bound to
     P:{q:<tenant>}:<counted>:quota          zset / hash  the tenant's quota counters (one slot per tenant)
     P:{i:<tenant>:<content hash>}:gone      string  the instance was deleted (TTL: the instance's)
+    P:{i:<tenant>:<content hash>}:exposure  hash    sessions → how many sessions were counted,
+                                                    t:<test id> → how many were given that test
+                                                    (redis_exposure.py; TTL: the instance's)
     P:{l:<tenant>}:instances                zset    listing positions "<created ms>:<hash>", all
                                                     score 0 (ordered as text: creation order)
     P:{v:<tenant>:<name>}:value             string  a value stored once (put_value)
@@ -48,6 +51,10 @@ class RedisKeys:
 
     def deleted_key(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> str:
         return f"{self.key_prefix}:{{i:{_part(tenant)}:{_part(instance_id)}}}:gone"
+
+    def exposure_key(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> str:
+        """The instance's exposure counts: its slot, so deleting the instance deletes them too."""
+        return f"{self.key_prefix}:{{i:{_part(tenant)}:{_part(instance_id)}}}:exposure"
 
     def value_key(self, name: str, tenant: str = DEFAULT_TENANT) -> str:
         return f"{self.key_prefix}:{{v:{_part(tenant)}:{_part(name)}}}:value"

@@ -66,3 +66,19 @@ local record = redis.call('HGET', KEYS[1], 'record')
 if record then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return record
 """
+
+# KEYS[1]: an instance's exposure counts (a hash). ARGV[1]: the instance TTL in ms, then field,
+# increment pairs. A field holding anything but a count HINCRBY could have written (a hand edit,
+# a bug) starts again from its increment: HINCRBY would fail on it at every later step.
+EXPOSURE_SCRIPT = """
+for i = 2, #ARGV, 2 do
+  local held = redis.call('HGET', KEYS[1], ARGV[i])
+  if held and not (held == '0' or (#held <= 18 and string.match(held, '^[1-9]%d*$'))) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  else
+    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""

@@ -1,6 +1,7 @@
 """The Redis store (redis-py + hiredis): what several gunicorn workers and hosts share. Its rooms:
 the keys it writes (redis_keys.py), its Lua scripts (redis_scripts.py), its pools and write path
-(redis_connection.py), the tenants' quotas (redis_quotas.py); instances, listings and sessions here.
+(redis_connection.py), the tenants' quotas (redis_quotas.py), restricted exposure control's counts
+(redis_exposure.py); instances, listings and sessions here.
 
 Consistency and lifetimes
 
@@ -81,6 +82,7 @@ from .ratelimit import Rate, RedisLimiter
 from .records import decode_record, encode_record
 from .redis_client import redis_errors
 from .redis_connection import DEFAULT_BULK_TIMEOUT, DEFAULT_WAIT_TIMEOUT_MS, RedisConnection, essential
+from .redis_exposure import RedisExposure
 from .redis_keys import RedisKeys
 from .redis_quotas import RedisQuotas
 from .redis_scripts import CAS_SCRIPT, READ_SCRIPT
@@ -91,7 +93,7 @@ log = logging.getLogger(__name__)
 RECORD_CACHE_BYTES = 16 * 1024 * 1024
 
 
-class RedisStore(RedisKeys, SessionStore):
+class RedisStore(RedisKeys, RedisExposure, SessionStore):
     def __init__(self, url: str, *, session_ttl: int = 24 * 3600, key_prefix: str = "edgecut",
                  instance_cache_bytes: int = 256 * 1024 * 1024, bulk_timeout: float = DEFAULT_BULK_TIMEOUT,
                  quotas: Quotas | None = None, cluster: bool = False, wait_replicas: int = 0,
@@ -248,9 +250,10 @@ class RedisStore(RedisKeys, SessionStore):
             summary, exists = pipe.execute()
             if not exists:
                 return False
-            # The tombstone shares the instance's slot, so both change in one transaction.
-            existed = bool(self.connection.write(key, [("DEL", key), ("SET", self.deleted_key(instance_id, tenant), b"1",
-                                                            "PX", self._instance_ttl_ms)], atomic=True)[0])
+            # The tombstone and the exposure counts share the instance's slot: all change in one transaction.
+            existed = bool(self.connection.write(key, [("DEL", key), ("DEL", self.exposure_key(instance_id, tenant)),
+                                                       ("SET", self.deleted_key(instance_id, tenant), b"1",
+                                                        "PX", self._instance_ttl_ms)], atomic=True)[0])
             if summary is not None:
                 self.connection.round_trips += 1
                 self._redis.get().zrem(self.listing_key(tenant), StoredInstance(**orjson.loads(summary)).cursor)
