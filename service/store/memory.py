@@ -12,7 +12,9 @@ Semantics match the Redis store exactly (the contract suite runs against both):
 * idempotency keys expire ``session_ttl`` after they were claimed; shared values the instance
   TTL after they were first stored;
 * a deleted instance is remembered (so its sessions can say so) for the instance TTL, or until
-  the same content is stored again; listings are in creation order, then id.
+  the same content is stored again; listings are in creation order, then id;
+* an instance's exposure counts live the instance TTL after they were last counted, and go with
+  the instance when it is deleted.
 
 Expired entries are dropped when touched, and swept in full at most once per ``sweep_interval``
 seconds of the clock, so memory held by abandoned sessions is returned without a timer thread.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from service.engine import CompiledInstance
@@ -68,6 +70,8 @@ class MemoryStore(SessionStore):
         self._sessions: dict[tuple[str, str], tuple[SessionRecord, float]] = {}
         self._idempotency: dict[tuple[str, str], tuple[str, float]] = {}
         self._values: dict[tuple[str, str], tuple[bytes, float]] = {}
+        # Per instance: (sessions counted, {test id: times given}), counted in place.
+        self._exposure: dict[tuple[str, str], tuple[tuple[int, dict[str, int]], float]] = {}
         # Per-tenant usage, kept in step with the tables by _forget: [instances, bytes, sessions].
         self.quotas = quotas or Quotas()
         self._instance_bytes: dict[tuple[str, str], int] = {}
@@ -126,6 +130,7 @@ class MemoryStore(SessionStore):
             existed = self._live(self._instances, key, now) is not None
             if existed:
                 self._forget(self._instances, key)
+                self._exposure.pop(key, None)
                 self._deleted[key] = (True, now + self.instance_ttl)
             return existed
 
@@ -221,6 +226,25 @@ class MemoryStore(SessionStore):
             self._values[slot] = (value, now + self.instance_ttl)
             return value
 
+    def exposure_counts(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> tuple[int, dict[str, int]]:
+        with self._lock:
+            current = self._live(self._exposure, (tenant, instance_id), self._tick())
+            if current is None:
+                return 0, {}
+            sessions, given = current[0]
+            return sessions, dict(given)  # a copy: the counts go on changing under the lock
+
+    def count_exposure(self, instance_id: str, tenant: str = DEFAULT_TENANT, *, sessions: int = 0,
+                       tests: Sequence[str] = ()) -> None:
+        key = (tenant, instance_id)
+        with self._lock:
+            now = self._tick()
+            current = self._live(self._exposure, key, now)
+            counted, given = (0, {}) if current is None else current[0]
+            for test in tests:  # a test named twice is counted twice, as two calls would count it
+                given[test] = given.get(test, 0) + 1
+            self._exposure[key] = ((counted + sessions, given), now + self.instance_ttl)
+
     def ping(self) -> None:
         # The store answers when its lock can be taken: an operation stuck holding it would
         # stall every request, and /readyz should say so rather than hang too.
@@ -242,7 +266,7 @@ class MemoryStore(SessionStore):
         return now
 
     def _sweep(self, now: float) -> None:
-        for table in (self._instances, self._deleted, self._sessions, self._idempotency, self._values):
+        for table in (self._instances, self._deleted, self._sessions, self._idempotency, self._values, self._exposure):
             for key in [k for k, (_, expires_at) in table.items() if expires_at <= now]:
                 self._forget(table, key)
         self._last_sweep = now
