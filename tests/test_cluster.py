@@ -93,6 +93,29 @@ def test_wait_replicas_acknowledges_writes_on_the_cluster(redis_cluster):
     store.close()
 
 
+def test_exposure_counts_share_their_instance_s_slot_and_go_with_it_on_the_cluster(redis_cluster):
+    # Counted through WAIT (as a deployment with REDIS_WAIT_REPLICAS writes), read back by another
+    # worker, and deleted in the instance's own transaction: a key in another slot fails it.
+    prefix = f"exposure-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(redis_cluster.url, cluster=True, key_prefix=prefix, wait_replicas=1)
+    other = RedisStore(redis_cluster.url, cluster=True, key_prefix=prefix)
+    node = redis.Redis.from_url(redis_cluster.url)
+    try:
+        instance_id = create_app({"redis_url": redis_cluster.url, "redis_cluster": True}, store=store).test_client() \
+            .post("/v1/instances", json=TRIAGE).get_json()["instance_id"]
+        key = store.exposure_key(instance_id, "clinic:{a}")
+        assert node.cluster("keyslot", key) == node.cluster("keyslot", store.instance_key(instance_id, "clinic:{a}"))
+        for _ in range(3):
+            store.count_exposure(instance_id, sessions=1, tests=("ecg",))
+        assert other.exposure_counts(instance_id) == (3, {"ecg": 3})
+        assert other.delete_instance(instance_id) is True
+        assert store.exposure_counts(instance_id) == (0, {})
+    finally:
+        node.close()
+        store.close()
+        other.close()
+
+
 def test_wait_replicas_without_replicas_is_503_not_an_acknowledgement(redis_server):
     # One node, no replica: no write can be confirmed, so none may be acknowledged.
     app = create_app({"redis_url": redis_server.url, "redis_wait_replicas": 1, "redis_wait_timeout_ms": 20,

@@ -795,6 +795,8 @@ def test_redis_outage_fails_fast_and_recovers_without_restart(private_redis):
         "claim_idempotency_key": lambda: store.claim_idempotency_key("k", "s-2"),
         "put_instance": lambda: store.put_instance(other),
         "get_instance (not cached)": lambda: store.get_instance(other.content_hash),
+        "count_exposure": lambda: store.count_exposure(inst.content_hash, sessions=1, tests=("ecg",)),
+        "exposure_counts": lambda: store.exposure_counts(inst.content_hash),
     }
     for name, call in calls.items():
         started = time.monotonic()
