@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from service.api.context import EXTENSION
+from service.app import create_app
+from service.store import StoreUnavailable, create_store
 
-from api_support import PROBLEM
+from api_support import PROBLEM, Delegating
 
 RATE = 0.3
 LENGTH = 3
@@ -124,6 +126,24 @@ def test_refused_requests_count_nothing(app, client):
                         json={"test": _next(session), "outcome": "7"})
     assert wrong.status_code == 422
     assert _store(app).exposure_counts(instance_id, "public") == (1, {})
+
+
+def test_a_count_the_store_refuses_after_the_write_is_logged_not_answered_as_a_failure(app_config, caplog):
+    class CountsDown(Delegating):
+        def count_exposure(self, instance_id, tenant="public", *, sessions=0, tests=()):
+            raise StoreUnavailable("connection refused")
+
+    store = CountsDown(create_store(app_config["redis_url"], session_ttl=3600, key_prefix=app_config["key_prefix"]))
+    client = create_app(app_config, store=store).test_client()
+    instance_id = client.post("/v1/instances", json=BANK).get_json()["instance_id"]
+    created = client.post("/v1/sessions", json={"instance_id": instance_id, "max_tests": LENGTH, "exposure": RESTRICTED})
+    assert created.status_code == 201
+    session = created.get_json()
+    answered = client.post(f"/v1/sessions/{session['session_id']}/observations",
+                           json={"test": _next(session), "outcome": "1"})
+    assert answered.status_code == 200 and len(answered.get_json()["history"]) == 1
+    assert store.exposure_counts(instance_id, "public") == (0, {})
+    assert sum("missed a session's use" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_a_stateless_select_refuses_the_method_and_stores_nothing(client):

@@ -114,7 +114,7 @@ class Writer:
         if record.max_rate is not None:
             given = exposure.first_given(record, change.observations)
             if given:
-                self.store.count_exposure(record.instance_id, record.tenant, tests=given)
+                exposure.count(self.store, record, tests=given)
         if step is None:
             step = self.steps.compute(compiled, key, belief)
         return SessionResult(self.state(updated, compiled, explain, step), updated.version)

@@ -143,7 +143,7 @@ class Sessions:
                 self.store.delete_session(record.session_id, tenant)
                 return replay(self.writer, bound, record, explain)
         if record.max_rate is not None:
-            self.store.count_exposure(record.instance_id, tenant, sessions=1)
+            exposure.count(self.store, record, sessions=1)
         SESSIONS_CREATED.inc()
         return SessionResult(state, record.version, created=True)
 

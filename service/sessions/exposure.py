@@ -9,17 +9,23 @@ the record and every worker (and every replay of a GET) proposes the same next t
 
 The cap is exact for sessions that run one after another. Sessions that run at once read the
 counts before either has stored its answer, so each of k concurrent sessions may be given a
-test that is one below its cap: a test can pass it by at most k − 1.
+test that is one below its cap: a test can pass it by at most k − 1. A count that the store
+refuses after the session's write went through is logged and left out, not answered as a failure
+of a write that was stored (a retry would start a second session).
 """
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from service import engine
-from service.store import SessionRecord, SessionStore
+from service.store import SessionRecord, SessionStore, StoreUnavailable
 
 from .steps import Labelled
+
+log = logging.getLogger("service.sessions")
 
 
 def held_back(store: SessionStore, compiled: engine.CompiledInstance, record: SessionRecord,
@@ -43,3 +49,12 @@ def first_given(before: SessionRecord, after: Labelled) -> tuple[str, ...]:
     per session (a repeated answer, a correction or a withdrawal shows nothing new)."""
     shown = {test for test, _ in before.observations}
     return tuple(dict.fromkeys(test for test, _ in after if test not in shown))
+
+
+def count(store: SessionStore, record: SessionRecord, sessions: int = 0, tests: tuple[str, ...] = ()) -> None:
+    """Count a session, or the tests it showed, once its write is stored."""
+    try:
+        store.count_exposure(record.instance_id, record.tenant, sessions=sessions, tests=tests)
+    except StoreUnavailable as error:
+        log.warning("exposure counts of instance %r (tenant %r) missed a session's use: %s",
+                    record.instance_id, record.tenant, error)
