@@ -104,6 +104,10 @@ def calibrate_exposure(inst: CompiledInstance, max_rate: float, rules: StopRules
         raise ValueError("exposure calibration needs an item-bank instance ('item_bank')")
     if not 0 < max_rate <= 1 or examinees < 1 or iterations < 1:
         raise ValueError("max_rate must be in (0, 1], examinees and iterations at least 1")
+    if rules.max_rate is not None:
+        # Restricted control holds items back by the counts of earlier runs; the parameters would
+        # be fitted to a sequence of examinees, not to the rate at which the rule chooses an item.
+        raise ValueError("Sympson–Hetter parameters are calibrated without restricted exposure control (max_rate)")
     rules = rules._replace(sympson_hetter=True)
     chosen = resolve_policy(inst, policy, rules)
 

@@ -14,7 +14,8 @@ shown beside EC²'s guarantee 2 ln(1/p_min) + 1 (Theorem 2 of Golovin, Krause & 
   optimum is the cheapest policy that reaches a decision (:func:`optimal_decision_cost`).
 * Likelihood instances cannot be walked to the end (every outcome stays possible), so they are
   evaluated by **seeded Monte Carlo**: true hypotheses drawn from the prior, answers drawn from
-  P(x | h, t) by :func:`service.engine.run_policy`, with 95 % confidence intervals.
+  P(x | h, t) by :func:`service.engine.run_policy`, with 95 % confidence intervals; so is any
+  instance under restricted exposure control, whose runs depend on the runs before them.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from service.engine import (
     theta_estimate,
     wilson_interval,
 )
+from service.engine.item_bank import restricted_held_back
 
 from .limits import EvaluationLimitExceeded, EvaluationLimits, check_deadline, check_size
 
@@ -173,7 +175,7 @@ def evaluate(
         auto = recommend(inst, rules) if auto is None else auto
         names = list(dict.fromkeys(auto.policy if name == AUTO else name for name in names))
     resolved = [resolve_policy(inst, name, rules) for name in names]  # refuse unknown names up front
-    method = _method(inst, method)
+    method = _method(inst, method, rules)
     check_size(inst, len(resolved), method, samples, limits)
 
     def check() -> None:
@@ -195,7 +197,8 @@ def evaluate(
                **({} if rules.max_se is None else {"max_se": rules.max_se}),
                **({} if rules.randomesque is None else {"randomesque": rules.randomesque}),
                **({"sympson_hetter": True} if rules.sympson_hetter else {}),
-               **({"progressive": True} if rules.progressive else {})},
+               **({"progressive": True} if rules.progressive else {}),
+               **({} if rules.max_rate is None else {"max_rate": rules.max_rate})},
         seed=seed, policies=results, optimum=opt, optimum_note=note,
         ec2_bound=log_p_min_bound(inst) if inst.kind == "deterministic" and not inst.is_decision else None,
         elapsed_seconds=time.monotonic() - started,
@@ -203,14 +206,20 @@ def evaluate(
     )
 
 
-def _method(inst: CompiledInstance, method: str) -> str:
-    """"exact" or "monte_carlo" for ``method`` ("auto": exact when deterministic)."""
+def _method(inst: CompiledInstance, method: str, rules: StopRules = StopRules()) -> str:
+    """"exact" or "monte_carlo" for ``method`` ("auto": exact when deterministic and without
+    restricted exposure control, whose runs depend on the runs before them: no one tree)."""
     if method == "auto":
-        method = "exact" if inst.kind == "deterministic" else "monte_carlo"
+        method = "exact" if inst.kind == "deterministic" and rules.max_rate is None else "monte_carlo"
     if method == "exact" and inst.kind != "deterministic":
         raise InfeasibleComputation(
             "exact evaluation walks the policy tree to its leaves, which exists for deterministic "
             "instances only; use Monte Carlo for a likelihood instance"
+        )
+    if method == "exact" and rules.max_rate is not None:
+        raise InfeasibleComputation(
+            "restricted exposure control holds tests back by what earlier sessions were given, so "
+            "runs differ by their place in the sequence and there is no one tree to walk; use Monte Carlo"
         )
     if method not in ("exact", "monte_carlo"):
         raise ValueError(f"unknown evaluation method '{method}'")
@@ -245,9 +254,10 @@ def _optimum(inst: CompiledInstance, optimum: bool, limits: EvaluationLimits,
         return None, str(error)
 
 
-def work_units(inst: CompiledInstance, n_policies: int, samples: int, method: str = "auto") -> int:
+def work_units(inst: CompiledInstance, n_policies: int, samples: int, method: str = "auto",
+               rules: StopRules = StopRules()) -> int:
     """How many ``progress`` units an evaluation reports: one per policy (exact) or per run."""
-    exact = method == "exact" or (method == "auto" and inst.kind == "deterministic")
+    exact = _method(inst, method, rules) == "exact"
     return n_policies if exact else n_policies * samples
 
 
@@ -345,16 +355,26 @@ def _shares(reasons: Sequence[str], weight: np.ndarray) -> dict[str, float]:
 
 def simulate(inst: CompiledInstance, policy, rules: StopRules, seed: int, truths: np.ndarray,
              check: Callable[[], None] | None = None, progress: Progress | None = None) -> list[RunResult]:
-    """One run of ``policy`` per true hypothesis in ``truths``, answers drawn from the likelihoods.
+    """One run of ``policy`` per true hypothesis in ``truths``, in order, answers drawn from the
+    likelihoods.
 
     One generator per sample, keyed by (seed, sample): a policy's result does not depend on which
     other policies are evaluated, or in which order. Exposure control draws per examinee, so each
-    run then has its own seed for it."""
+    run then has its own seed for it. Restricted exposure control (``rules.max_rate``) counts
+    across the runs as a store counts across sessions: run i (from 0) holds back the tests given in
+    ``max_rate`` of i + 1 sessions or more, the earlier runs' tests counted, so each restricted run
+    depends on the examinees before it, and on their order."""
     runs = []
     tick = max(1, truths.size // 100)
+    given = np.zeros(inst.n_tests) if rules.max_rate is not None else None
     for i, h in enumerate(truths.tolist()):
         run_seed = (seed << 32) + i if rules.draws_for_exposure else seed
-        runs.append(run_policy(inst, h, policy, rules, run_seed, rng=np.random.default_rng([seed, i]), check=check))
+        held_back = None if given is None else restricted_held_back(given, i + 1, rules.max_rate)
+        run = run_policy(inst, h, policy, rules, run_seed, rng=np.random.default_rng([seed, i]), check=check,
+                         held_back=held_back)
+        runs.append(run)
+        if given is not None:
+            given[list({t for t, _ in run.observations})] += 1
         if progress and (i + 1) % tick == 0:
             progress(tick)
     if progress and truths.size % tick:
