@@ -34,7 +34,7 @@ def register(subparsers) -> None:
     parser.add_argument("instance", type=Path, help="instance JSON file")
     parser.add_argument("--policies", type=_names, default=None,
                         help="comma-separated policy names, 'auto' included (default: every policy that applies)")
-    add_stop_rules(parser)
+    add_stop_rules(parser, restricted=True)
     parser.add_argument("--samples", type=int, default=2000,
                         help="Monte Carlo runs per policy, likelihood instances (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo runs (default 0)")
@@ -61,9 +61,10 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def add_stop_rules(parser: argparse.ArgumentParser, sympson_hetter: bool = True) -> None:
+def add_stop_rules(parser: argparse.ArgumentParser, sympson_hetter: bool = True, restricted: bool = False) -> None:
     """The stop rules and exposure control (``sympson_hetter``: its flag too; calibrate-exposure
-    always applies it)."""
+    always applies it; ``restricted``: --max-rate, which counts across simulated runs, so only
+    the evaluation takes it)."""
     parser.add_argument("--max-tests", type=int, default=None, help="stop after this many tests")
     parser.add_argument("--max-cost", type=float, default=None, help="never spend more than this")
     parser.add_argument("--confidence", type=float, default=None,
@@ -83,6 +84,14 @@ def add_stop_rules(parser: argparse.ArgumentParser, sympson_hetter: bool = True)
                             help="exposure control with the item bank's exposure_parameter (seeded per run)")
     else:  # the command applies it itself
         parser.set_defaults(sympson_hetter=False)
+    if restricted:
+        # Its own dest: calibrate-exposure's --max-rate is the target, not this control.
+        parser.add_argument("--max-rate", type=_rate, default=None, metavar="R", dest="restricted_max_rate",
+                            help="exposure control, the restricted method: hold a test back while it was given in R "
+                            "of the simulated runs so far or more, unless no other informative test is left "
+                            "(R in (0, 1]; each run depends on the runs before it)")
+    else:
+        parser.set_defaults(restricted_max_rate=None)
 
 
 def rules_from_arguments(args: argparse.Namespace) -> engine.StopRules:
@@ -90,7 +99,15 @@ def rules_from_arguments(args: argparse.Namespace) -> engine.StopRules:
     return engine.StopRules(max_tests=args.max_tests, max_cost=args.max_cost, confidence=args.confidence,
                             max_expected_loss=args.max_expected_loss, max_se=args.max_se,
                             randomesque=args.randomesque,
-                            sympson_hetter=args.sympson_hetter, progressive=args.progressive)
+                            sympson_hetter=args.sympson_hetter, progressive=args.progressive,
+                            max_rate=args.restricted_max_rate)
+
+
+def _rate(text: str) -> float:
+    rate = float(text)
+    if not 0 < rate <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return rate
 
 
 def _names(text: str) -> list[str]:
@@ -133,10 +150,11 @@ def run(args: argparse.Namespace) -> int:
         policies = args.policies or default_policies(inst)
         samples = args.samples
         limits = EvaluationLimits(max_dp_states=args.max_dp_states)
-        total = work_units(inst, len(policies), samples, args.method)
+        rules = rules_from_arguments(args)
+        total = work_units(inst, len(policies), samples, args.method, rules)
         bar = progress_bar(total, "evaluating", enabled=not args.no_progress)
         try:
-            report = evaluate(inst, policies, rules_from_arguments(args), samples=samples, seed=args.seed,
+            report = evaluate(inst, policies, rules, samples=samples, seed=args.seed,
                               method=args.method, optimum=not args.no_optimum, limits=limits,
                               progress=bar.update if bar is not None else None)
         finally:
