@@ -1,7 +1,8 @@
 """The exposure section of bench/item_banks.py (``python3 -m bench.item_banks --only exposure``):
 fixed length 20 at the two cut scores, without control and under each exposure control, paired
 with the uncontrolled run on the same examinees and coins; catsim 0.21's own randomesque for
-reference; then content balancing over three areas."""
+reference; then content balancing over three areas. ``--exposure-methods`` picks the rows (the
+run without control is always there, as the rows' baseline)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 from bench.item_banks import CUTS, accuracy_cell, item_bank, level_of, paired_cell, table
 from schemas.instance import Instance
 from service import engine
+from service.engine.item_bank import restricted_held_back
 
 AREAS = {"number": 0.5, "algebra": 0.3, "geometry": 0.2}
 # (name, target rate, randomesque k, progressive): the Sympson–Hetter calibrations measured.
@@ -25,16 +27,19 @@ CALIBRATED = (("Sympson–Hetter", 0.3, None, False), ("Sympson–Hetter", 0.28,
 
 def fixed_length(inst, policy, rules, right, truth) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
     """Every examinee to 20 items under ``rules``, each examinee's draws seeded by its number:
-    (items given per item, right level per examinee, the items each was given)."""
+    (items given per item, right level per examinee, the items each was given). With
+    ``rules.max_rate`` the examinees are sessions in order, as ``edgecut evaluate`` simulates them:
+    examinee e holds back the items given to ``max_rate`` of the e + 1 sessions or more."""
     given = np.zeros(inst.n_tests)
     correct = np.zeros(truth.size, dtype=bool)
     asked = []
     for e in range(truth.size):
         observations: list = []
         belief = None
+        held_back = None if rules.max_rate is None else restricted_held_back(given, e + 1, rules.max_rate)
         while True:
             belief = engine.observe(inst, observations, belief)
-            decision = engine.decide(belief, policy, rules, seed=e)
+            decision = engine.decide(belief, policy, rules, seed=e, held_back=held_back)
             if decision.done:
                 break
             observations = observations + [(decision.next_test, int(right[e, decision.next_test]))]
@@ -45,21 +50,26 @@ def fixed_length(inst, policy, rules, right, truth) -> tuple[np.ndarray, np.ndar
 
 
 def exposure(args, params, theta, right, catsim_parts) -> str:
-    """No control, randomesque k = 5, progressive, and Sympson–Hetter with parameters from
+    """No control, randomesque k = 5, progressive, Sympson–Hetter with parameters from
     ``calibrate_exposure`` (on its own examinees drawn from the prior, seed args.seed + 1) alone,
-    under randomesque and under progressive; catsim's max info and randomesque k = 5 on the same
-    coins; then content balancing. Accuracy, the share of examinees given the most-used item,
-    the paired accuracy change against edgecut without control."""
+    under randomesque and under progressive, and the restricted method at each of
+    ``args.restricted_rates``; catsim's max info and randomesque k = 5 on the same coins; then
+    content balancing; those of ``args.exposure_methods``. Accuracy, the share of examinees given
+    the most-used item, the paired accuracy change against edgecut without control."""
     from service.evaluation.exposure import calibrate_exposure
 
+    methods = args.exposure_methods
     body = item_bank(params, CUTS)
     inst = engine.compile_instance(Instance.model_validate(body))
     policy = engine.resolve_policy(inst, None)
     truth = level_of(theta)
     plain = engine.StopRules(max_tests=20)
-    runs = [("none", inst, plain), ("randomesque k = 5", inst, plain._replace(randomesque=5)),
-            ("progressive", inst, plain._replace(progressive=True))]
-    for name, target, k, progressive in CALIBRATED:
+    runs = [("none", inst, plain)]
+    if "randomesque" in methods:
+        runs.append(("randomesque k = 5", inst, plain._replace(randomesque=5)))
+    if "progressive" in methods:
+        runs.append(("progressive", inst, plain._replace(progressive=True)))
+    for name, target, k, progressive in CALIBRATED if "sympson_hetter" in methods else ():
         rules = plain._replace(randomesque=k, sympson_hetter=True, progressive=progressive)
         started = time.perf_counter()
         calibration = calibrate_exposure(inst, target, rules, examinees=args.calibration_examinees,
@@ -71,16 +81,20 @@ def exposure(args, params, theta, right, catsim_parts) -> str:
               f"{calibration.check.top_rate:.3f}, "
               f"{int((calibration.exposure_parameters < 1).sum())} items with K < 1, {seconds:.0f} s", file=sys.stderr)
         runs.append((f"{name} calibrated to {target}", calibrated, rules))
+    for rate in args.restricted_rates if "restricted" in methods else ():
+        runs.append((f"restricted, max_rate {rate:g}", inst, plain._replace(max_rate=rate)))
     rows, baseline = [], None
     for name, compiled, rules in runs:
         given, correct, _ = fixed_length(compiled, policy, rules, right, truth)
         baseline = correct if baseline is None else baseline
         rows.append(exposure_row(name, given, correct, baseline, inst.test_ids, compiled.exposure_parameters))
-    for name, selector in catsim_selectors(catsim_parts):
+    for name, selector in catsim_selectors(catsim_parts) if "catsim" in methods else ():
         given, correct = catsim_fixed_length(catsim_parts, selector, right, truth)
         rows.append(exposure_row(f"catsim 0.21, {name} (MLE; for reference)", given, correct, baseline, inst.test_ids))
     exposure_table = table(["exposure control", "accuracy at 20 items", "most-used item's rate",
                             "items with K < 1: how many, mean rate", "change (paired)"], rows)
+    if "content" not in methods:
+        return exposure_table
     return exposure_table + "\n\n" + content_balancing(body, policy, plain, right, truth, baseline)
 
 

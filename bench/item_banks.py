@@ -36,12 +36,17 @@ other policies, on cells whose boundaries fall on the cut scores, each read as t
 posterior's argmax and as the level holding θ̂ EAP, against the same catsim runs.
 
 Exposure control (``--only exposure`` runs it alone): fixed length 20 at the two cut scores,
-without control, with randomesque k = 5, progressive, and with Sympson–Hetter parameters set by
+without control, with randomesque k = 5, progressive, with Sympson–Hetter parameters set by
 ``calibrate_exposure`` (``edgecut calibrate-exposure``) on its own examinees drawn from the prior
 (``--calibration-examinees`` per iteration, ``--calibration-iterations``, seed --seed + 1), then
-evaluated on the 2,000 examinees with the same coins; and content balancing over three areas
-(item j in area j mod 3; targets 50 / 30 / 20 %). Accuracy, the most-used item's rate, and the
-accuracy change paired with the uncontrolled run.
+evaluated on the 2,000 examinees with the same coins, and with the restricted method at each
+``--restricted-rates`` (the examinees taken in order as sessions, the counts kept across them);
+and content balancing over three areas (item j in area j mod 3; targets 50 / 30 / 20 %).
+Accuracy, the most-used item's rate, and the accuracy change paired with the uncontrolled run.
+``--exposure-methods restricted`` (or any of randomesque, progressive, sympson_hetter,
+restricted, catsim, content) runs those rows alone beside the run without control:
+
+    python3 -m bench.item_banks --only exposure --exposure-methods restricted --seed 1
 """
 
 from __future__ import annotations
@@ -287,6 +292,17 @@ def selection_times(args, catsim) -> str:
     return table(["items", "edgecut ms (median)", "catsim ms (median)", "edgecut / catsim"], rows)
 
 
+EXPOSURE_METHODS = ("randomesque", "progressive", "sympson_hetter", "restricted", "catsim", "content")
+
+
+def _choices(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = sorted(set(names) - set(EXPOSURE_METHODS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; choose among {', '.join(EXPOSURE_METHODS)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--items", type=int, default=300)
@@ -299,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="Sympson–Hetter calibration: simulated examinees per iteration")
     parser.add_argument("--calibration-iterations", type=int, default=10,
                         help="Sympson–Hetter calibration: iterations before its check")
+    parser.add_argument("--exposure-methods", type=_choices, default=",".join(EXPOSURE_METHODS),
+                        help="the exposure section's rows, comma-separated among " + ", ".join(EXPOSURE_METHODS)
+                        + " (default all; the run without control is always there)")
+    parser.add_argument("--restricted-rates", type=lambda text: [float(r) for r in text.split(",")], default=[0.3],
+                        help="the restricted method's max_rate, one row each (comma-separated; default 0.3)")
     args = parser.parse_args(argv)
     try:
         import catsim.estimation
