@@ -5,6 +5,7 @@ stored session exactly as it was."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -374,8 +375,17 @@ def test_a_batch_beyond_the_work_limit_is_refused_before_the_session_starts(clie
 # --- instances as resources ----------------------------------------------------------------------
 
 
+def _posted_in_its_own_millisecond(client, payload) -> str:
+    """Post ``payload`` once the clock has left the millisecond it is in: a listing orders
+    instances stored in one millisecond by id, not by the order they came in."""
+    started = int(time.time() * 1000)
+    while int(time.time() * 1000) == started:
+        time.sleep(0.0002)
+    return client.post("/v1/instances", json=payload).get_json()["instance_id"]
+
+
 def test_instances_are_listed_a_page_at_a_time(client):
-    ids = [client.post("/v1/instances", json=payload).get_json()["instance_id"] for payload in (TRIAGE, QUAD, NOISY)]
+    ids = [_posted_in_its_own_millisecond(client, payload) for payload in (TRIAGE, QUAD, NOISY)]
     first = client.get("/v1/instances?limit=2")
     assert first.status_code == 200
     page = first.get_json()
