@@ -15,7 +15,7 @@ import numpy as np
 from bench.item_banks import CUTS, accuracy_cell, item_bank, level_of, paired_cell, table
 from schemas.instance import Instance
 from service import engine
-from service.engine.item_bank import restricted_held_back
+from service.engine.restricted import restriction
 
 AREAS = {"number": 0.5, "algebra": 0.3, "geometry": 0.2}
 # (name, target rate, randomesque k, progressive): the Sympson–Hetter calibrations measured.
@@ -29,17 +29,18 @@ def fixed_length(inst, policy, rules, right, truth) -> tuple[np.ndarray, np.ndar
     """Every examinee to 20 items under ``rules``, each examinee's draws seeded by its number:
     (items given per item, right level per examinee, the items each was given). With
     ``rules.max_rate`` the examinees are sessions in order, as ``edgecut evaluate`` simulates them:
-    examinee e holds back the items given to ``max_rate`` of the e + 1 sessions or more."""
+    examinee e holds back the items given to ``max_rate`` of the e + 1 sessions or more, and
+    reserves those near it (service/engine/restricted.py)."""
     given = np.zeros(inst.n_tests)
     correct = np.zeros(truth.size, dtype=bool)
     asked = []
     for e in range(truth.size):
         observations: list = []
         belief = None
-        held_back = None if rules.max_rate is None else restricted_held_back(given, e + 1, rules.max_rate)
+        restricted = None if rules.max_rate is None else restriction(given, e + 1, rules.max_rate)
         while True:
             belief = engine.observe(inst, observations, belief)
-            decision = engine.decide(belief, policy, rules, seed=e, held_back=held_back)
+            decision = engine.decide(belief, policy, rules, seed=e, restriction=restricted)
             if decision.done:
                 break
             observations = observations + [(decision.next_test, int(right[e, decision.next_test]))]

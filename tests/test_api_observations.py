@@ -328,7 +328,7 @@ def test_a_belief_over_an_eighth_of_the_step_cache_is_not_kept_but_its_step_is()
     belief = engine.observe(compile_wire(wide), [])
     held = belief_bytes(belief)
     assert held >= 8 * n  # its arrays over the alive rows
-    key = StepKey("alpha", "i" * 64, "ec2", engine.StopRules(), None, (), 1, (), ())
+    key = StepKey("alpha", "i" * 64, "ec2", engine.StopRules(), None, (), 1, (), (), ())
     step = Step(b'"done":false', np.full(1, np.nan), False, None, ())
     for budget, kept in ((8 * held - 8, False), (100 * held, True)):
         cache = StepCache(max_bytes=budget)
@@ -378,7 +378,7 @@ def test_a_step_keys_bytes_bound_its_labels_and_observations_from_above():
                                    {"id": "a much longer test id é", "outcomes": ["0", "a long outcome label"]}],
                          "classes": ["X", "Y"], "matrix": [[0, 0], [1, 1]]})
     observations = (("t", "yes"), ("a much longer test id é", "a long outcome label"), ("t", None))
-    key = StepKey("alpha", "i" * 64, "ec2", engine.StopRules(), None, ("a much longer test id é",), 1, (), observations)
+    key = StepKey("alpha", "i" * 64, "ec2", engine.StopRules(), None, ("a much longer test id é",), 1, (), (), observations)
     held = (sum(sys.getsizeof(label) for pair in observations for label in pair)
             + sys.getsizeof("a much longer test id é") + OBSERVATION_BYTES * len(observations) + KEY_BYTES)
     assert key_bytes(key, inst) >= held

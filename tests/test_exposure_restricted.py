@@ -2,8 +2,9 @@
 how ``decide`` passes them over, ``simulate``'s counts kept across examinees (``edgecut evaluate
 --max-rate``), and ``POST /v1/instances/{id}/evaluate`` with ``exposure.method`` "restricted".
 The references are written from the definition: a test is held back while it has been given in
-``max_rate`` of the sessions counted so far or more (the current one counted), unless that would
-leave no informative test."""
+``max_rate`` of the sessions counted so far or more (the current one counted), and reserved from a
+session sure of its class (largest class posterior 0.7 or more) from 9/10 of that share, unless
+that would leave no informative test."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from service import engine
 from service.cli import main
-from service.engine.item_bank import restricted_held_back
+from service.engine.restricted import restriction
 from service.evaluation import evaluate
 from service.evaluation.exposure import calibrate_exposure
 from service.evaluation.report import items_given, simulate
@@ -29,27 +30,33 @@ EXAMINEES = 300
 INFORMATIVE = 1e-12  # a gain above this is informative (the engine's ZERO_GAIN)
 
 
-def held_back_by_definition(given, sessions, max_rate) -> list[bool]:
-    """Exact arithmetic on the decimal rate: given / sessions ≥ max_rate, nothing before a session."""
+def restriction_by_definition(given, sessions, max_rate) -> tuple[list[bool], list[bool]]:
+    """Exact arithmetic on the decimal rate, nothing before a session: held back, given / sessions
+    ≥ max_rate; reserved, not held back and given / sessions ≥ 9/10 · max_rate."""
     rate = Fraction(str(max_rate))
-    return [sessions > 0 and Fraction(int(count), sessions) >= rate for count in given]
+    share = [Fraction(int(count), sessions) if sessions > 0 else Fraction(-1) for count in given]
+    held = [s >= rate for s in share]
+    return held, [s >= Fraction(9, 10) * rate and not h for s, h in zip(share, held)]
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_held_back_are_the_tests_given_in_max_rate_of_the_sessions_or_more(seed):
+def test_held_back_and_reserved_are_the_tests_given_in_their_share_of_the_sessions(seed):
     rng = np.random.default_rng(seed)
     for _ in range(200):
-        sessions = int(rng.integers(0, 50))
+        sessions = int(rng.integers(0, 60))
         given = rng.integers(0, sessions + 1, size=12).astype(float)
         max_rate = float(rng.choice([0.1, 0.2, 0.25, 0.3, 0.5, 0.7, 1.0]))
-        assert restricted_held_back(given, sessions, max_rate).tolist() == \
-            held_back_by_definition(given, sessions, max_rate)
+        held, reserved = restriction(given, sessions, max_rate)
+        assert (held.tolist(), reserved.tolist()) == restriction_by_definition(given, sessions, max_rate)
 
 
-def test_three_of_ten_sessions_at_a_rate_of_three_tenths_is_held_back():
+def test_the_shares_are_exact_where_the_rates_are_equal():
     # 0.3 * 10 is 3.0000000000000004 in floating point: the product would let the test through.
-    assert restricted_held_back(np.array([3.0, 2.0]), 10, 0.3).tolist() == [True, False]
-    assert held_back_by_definition([3, 2], 10, 0.3) == [True, False]
+    assert restriction(np.array([3.0, 2.0]), 10, 0.3).held_back.tolist() == [True, False]
+    # 0.9 * 0.2 is 0.18000000000000002, above 9 of 50 sessions: the product would not reserve it.
+    assert restriction(np.array([9.0, 8.0]), 50, 0.2).reserved.tolist() == [True, False]
+    assert restriction_by_definition([3, 2], 10, 0.3)[0] == [True, False]
+    assert restriction_by_definition([9, 8], 50, 0.2)[1] == [True, False]
 
 
 def some_belief(inst, policy, answers=(1, 0, 1)):
@@ -59,30 +66,52 @@ def some_belief(inst, policy, answers=(1, 0, 1)):
     return engine.observe(inst, observations)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_decide_asks_the_best_informative_test_not_held_back(seed):
-    inst = compiled(bank_of())
-    policy = engine.resolve_policy(inst, "infogain")
-    belief = some_belief(inst, policy)
-    scores = engine.decide(belief, policy, RULES).scores
-    held_back = np.random.default_rng(seed).uniform(size=inst.n_tests) < 0.5
-    held_back[int(np.nanargmax(scores))] = True  # the best without control is always held back here
+def chosen_by_definition(belief, scores, held, reserved):
+    """The best informative test, ties to the earliest, among those not held back (unless that
+    leaves none) and, once the largest class posterior is 0.7 or more, not reserved (unless that
+    leaves none)."""
+    informative = np.nan_to_num(scores, nan=-1.0) > INFORMATIVE
+    allowed = informative
+    for kept_from, applies in ((held, True), (reserved, belief.class_posterior.max() >= 0.7)):
+        if applies and (allowed & ~kept_from).any():
+            allowed = allowed & ~kept_from
     best, best_score = None, -math.inf
     for j, score in enumerate(scores.tolist()):
-        if score > INFORMATIVE and not held_back[j] and score > best_score:  # NaN: not eligible; ties: the earliest
+        if allowed[j] and score > best_score:
             best, best_score = j, score
-    assert best is not None
-    assert engine.decide(belief, policy, RULES, held_back=held_back).next_test == best
+    return best
 
 
-def test_decide_ignores_held_back_when_it_holds_back_every_informative_test():
+def test_decide_asks_the_best_informative_test_the_restriction_leaves():
     inst = compiled(bank_of())
     policy = engine.resolve_policy(inst, "infogain")
-    belief = some_belief(inst, policy)
-    plain = engine.decide(belief, policy, RULES)
-    informative = np.nan_to_num(plain.scores, nan=0.0) > INFORMATIVE
-    for held_back in (informative, np.ones(inst.n_tests, dtype=bool)):
-        assert engine.decide(belief, policy, RULES, held_back=held_back).next_test == plain.next_test
+    confident = set()
+    for seed, answers in enumerate([(), (1,), (0, 0), (1, 0, 1), (1, 1, 1, 1), (0, 0, 0, 0)] * 3):
+        belief = some_belief(inst, policy, answers)
+        scores = engine.decide(belief, policy, RULES).scores
+        rng = np.random.default_rng(seed)
+        held = rng.uniform(size=inst.n_tests) < 0.4
+        held[int(np.nanargmax(scores))] = True  # the best without control is always held back here
+        reserved = (rng.uniform(size=inst.n_tests) < 0.4) & ~held
+        expected = chosen_by_definition(belief, scores, held, reserved)
+        restricted = engine.restricted.Restriction(held, reserved)
+        assert engine.decide(belief, policy, RULES, restriction=restricted).next_test == expected
+        confident.add(bool(belief.class_posterior.max() >= 0.7))
+    assert confident == {True, False}  # both the reserve's cases were met
+
+
+def test_decide_ignores_what_would_leave_no_informative_test():
+    inst = compiled(bank_of())
+    policy = engine.resolve_policy(inst, "infogain")
+    for answers in ((1, 0, 1), (1, 1, 1, 1)):
+        belief = some_belief(inst, policy, answers)
+        plain = engine.decide(belief, policy, RULES)
+        informative = np.nan_to_num(plain.scores, nan=0.0) > INFORMATIVE
+        none = np.zeros(inst.n_tests, dtype=bool)
+        for held, reserved in ((informative, none), (np.ones(inst.n_tests, dtype=bool), none),
+                               (none, informative), (none, np.ones(inst.n_tests, dtype=bool))):
+            restricted = engine.restricted.Restriction(held, reserved)
+            assert engine.decide(belief, policy, RULES, restriction=restricted).next_test == plain.next_test
 
 
 def truths_of(inst, examinees, seed=0):
@@ -115,8 +144,10 @@ def test_simulate_counts_as_sessions_in_order():
     runs = simulate(inst, policy, rules, 7, truths)
     given = [0] * inst.n_tests
     for i, h in enumerate(truths.tolist()):
-        held_back = np.array([count / (i + 1) >= 0.25 for count in given])
-        expected = engine.run_policy(inst, h, policy, rules, 7, rng=np.random.default_rng([7, i]), held_back=held_back)
+        held, reserved = restriction_by_definition(given, i + 1, 0.25)
+        restricted = engine.restricted.Restriction(np.array(held), np.array(reserved))
+        expected = engine.run_policy(inst, h, policy, rules, 7, rng=np.random.default_rng([7, i]),
+                                     restriction=restricted)
         assert runs[i].observations == expected.observations
         for t in {t for t, _ in expected.observations}:
             given[t] += 1

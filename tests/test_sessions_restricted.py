@@ -1,11 +1,12 @@
 """Restricted exposure control in sessions, over both stores: counts shared by an instance's
 sessions hold a test back once it has been given in ``max_rate`` of them. Each step is checked
 against a stateless select told by hand, from counts this test keeps itself, which tests to
-exclude."""
+exclude and reserve."""
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -32,15 +33,19 @@ def _answer(theta: float, item: dict, rng: np.random.Generator) -> str:
     return "1" if rng.uniform() < right else "0"
 
 
-def _reference_next(client, instance_id: str, observations: list, held: list[str]) -> str | None:
-    """The next test a select proposes with ``held`` excluded, or without them when that leaves
-    nothing informative (a cap never ends a session)."""
+def _reference_next(client, instance_id: str, observations: list, held: list[str], reserved: list[str],
+                    confident: bool) -> str | None:
+    """The next test a select proposes with ``held`` excluded and, when the session is
+    ``confident`` of its class, ``reserved`` too; each left out again when it leaves nothing
+    informative (a cap never ends a session)."""
     body = {"instance_id": instance_id, "max_tests": LENGTH,
             "observations": [{"test": t, "outcome": o} for t, o in observations]}
-    step = client.post("/v1/select", json={**body, "exclude_tests": held}).get_json()
-    if step["next_test"] is None and step["stop_reason"] == "no_informative_test":
-        step = client.post("/v1/select", json=body).get_json()
-    return _next(step)
+    tries = [held + reserved, held, []] if confident else [held, []]
+    for excluded in tries:
+        step = client.post("/v1/select", json={**body, "exclude_tests": excluded}).get_json()
+        if step["stop_reason"] != "no_informative_test":
+            return _next(step)
+    return None
 
 
 def _next(state: dict) -> str | None:
@@ -53,6 +58,7 @@ def _run_sessions(client, instance_id: str, exposure: dict | None, check: bool):
     rng = np.random.default_rng(7)
     items = {item["id"]: item for item in ITEMS}
     given = dict.fromkeys(items, 0)
+    seen = set()  # (some test reserved, the session confident): the reserve's cases met
     for s in range(1, SESSIONS + 1):
         theta = float(rng.normal())
         body = {"instance_id": instance_id, "max_tests": LENGTH}
@@ -62,15 +68,18 @@ def _run_sessions(client, instance_id: str, exposure: dict | None, check: bool):
         observations = []
         while _next(state) is not None:
             if check:
-                held = [t for t in items if given[t] / s >= RATE]
-                assert _next(state) == _reference_next(client, instance_id, observations, held)
+                held = [t for t in items if Fraction(given[t], s) >= Fraction(str(RATE))]
+                reserved = [t for t in items if t not in held and Fraction(given[t], s) >= Fraction(9, 10) * Fraction(str(RATE))]
+                confident = max(state["class_posterior"].values()) >= 0.7
+                seen.add((bool(reserved), confident))
+                assert _next(state) == _reference_next(client, instance_id, observations, held, reserved, confident)
             test = _next(state)
             outcome = _answer(theta, items[test], rng)
             observations.append((test, outcome))
             given[test] += 1
             state = client.post(f"/v1/sessions/{state['session_id']}/observations",
                                 json={"test": test, "outcome": outcome}).get_json()
-    return given
+    return given, seen
 
 
 def _store(app):
@@ -79,14 +88,15 @@ def _store(app):
 
 def test_sessions_in_turn_keep_every_test_under_its_cap(app, client):
     instance_id = client.post("/v1/instances", json=BANK).get_json()["instance_id"]
-    given = _run_sessions(client, instance_id, RESTRICTED, check=True)
+    given, seen = _run_sessions(client, instance_id, RESTRICTED, check=True)
+    assert (True, True) in seen and (True, False) in seen
     cap = math.ceil(RATE * SESSIONS)
     assert max(given.values()) <= cap
     # The store counted what this test counted.
     assert _store(app).exposure_counts(instance_id, "public") == (SESSIONS, {t: n for t, n in given.items() if n})
     # Unrestricted, the same sessions give the first item to every one: the cap above is the method's doing.
     plain = client.post("/v1/instances", json={"item_bank": {**BANK["item_bank"], "cut_scores": [0.0000001]}})
-    assert max(_run_sessions(client, plain.get_json()["instance_id"], None, check=False).values()) > cap
+    assert max(_run_sessions(client, plain.get_json()["instance_id"], None, check=False)[0].values()) > cap
 
 
 def test_a_session_keeps_the_next_test_it_proposed_while_others_pass_the_cap(client):

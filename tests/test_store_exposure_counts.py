@@ -1,7 +1,7 @@
 """The store's exposure counts (``ExposureCounts`` in service/store/base.py), run against every
 store over conftest's STORAGE_MODES like tests/test_store_contract.py; then the record fields
-restricted exposure control keeps (``max_rate``, ``held_back``) through the record codec and the
-stores; then Redis only: where the counts are kept, damaged counts, a full Redis (an absent one: tests/test_store_contract.py's outage test).
+restricted exposure control keeps (``max_rate``, ``held_back``, ``reserved``) through the record
+codec and the stores; then Redis only: where the counts are kept, damaged counts, a full Redis (an absent one: tests/test_store_contract.py's outage test).
 
 Expected counts are tallied here from the definition (each call adds its ``sessions``, and 1 per
 test it names), never read from a store.
@@ -171,46 +171,48 @@ def test_counts_from_many_threads_add_up_exactly(store_env):
                                                                          "shared": 400})
 
 
-# --- The record's max_rate and held_back --------------------------------------------------------
+# --- The record's max_rate, held_back and reserved -----------------------------------------------
 
 
-def test_max_rate_and_held_back_round_trip_through_every_store(store_env):
+def test_max_rate_held_back_and_reserved_round_trip_through_every_store(store_env):
     store = store_env.make()
-    record = session(max_rate=0.25, held_back=("ecg", "x-ray"))
+    record = session(max_rate=0.25, held_back=("ecg", "x-ray"), reserved=("troponin",))
     store.create_session(record)
-    step = record.with_observations((("troponin", "high"),), held_back=("troponin",))
+    step = record.with_observations((("troponin", "high"),), restriction=(("troponin",), ("ecg",)))
     store.update_session(step, expected_version=1)
     reader = store_env.make() if store_env.kind != "memory" else store  # another worker reads it back
     got = reader.get_session("s-1")
     assert got.max_rate == 0.25 and got.held_back == ("troponin",) and isinstance(got.held_back, tuple)
+    assert got.reserved == ("ecg",) and isinstance(got.reserved, tuple)
     assert replace(got, expires_at=0.0) == replace(step, expires_at=0.0)
-    # with_observations keeps the tests held back unless told otherwise.
-    assert step.with_observations(()).held_back == ("troponin",)
+    # with_observations keeps the restriction unless told otherwise.
+    kept = step.with_observations(())
+    assert (kept.held_back, kept.reserved) == (("troponin",), ("ecg",))
 
 
 def stored_json(record) -> dict:
     return orjson.loads(encode_record(record))
 
 
-def test_the_record_codec_round_trips_max_rate_and_held_back():
+def test_the_record_codec_round_trips_max_rate_held_back_and_reserved():
     for record in (session(max_rate=0.1, held_back=("ecg",)), session(max_rate=1, held_back=()),
-                   session(held_back=("ecg", "troponin")), session()):
+                   session(held_back=("ecg", "troponin")), session(max_rate=0.3, reserved=("ecg",)), session()):
         assert decode_record(encode_record(record), expires_at=0.0) == record
-    fields = stored_json(session(max_rate=0.1, held_back=("ecg",)))
-    assert fields["max_rate"] == 0.1 and fields["held_back"] == ["ecg"]
+    fields = stored_json(session(max_rate=0.1, held_back=("ecg",), reserved=("troponin",)))
+    assert fields["max_rate"] == 0.1 and fields["held_back"] == ["ecg"] and fields["reserved"] == ["troponin"]
 
 
-def test_a_record_without_max_rate_or_held_back_is_written_and_read_without_them():
+def test_a_record_without_restriction_is_written_and_read_without_it():
     fields = stored_json(session())
-    assert "max_rate" not in fields and "held_back" not in fields  # as records were before them
+    assert not {"max_rate", "held_back", "reserved"} & set(fields)  # as records were before them
     record = decode_record(orjson.dumps(fields), expires_at=0.0)
-    assert record.max_rate is None and record.held_back == ()
+    assert record.max_rate is None and record.held_back == () and record.reserved == ()
 
 
 @pytest.mark.parametrize("damage", [{"max_rate": "0.1"}, {"max_rate": True}, {"max_rate": [0.1]},
                                     {"held_back": "ecg"}, {"held_back": [1]}, {"held_back": [None]},
-                                    {"held_back": None}])
-def test_the_record_codec_refuses_a_mistyped_max_rate_or_held_back(damage):
+                                    {"held_back": None}, {"reserved": "ecg"}, {"reserved": [2]}])
+def test_the_record_codec_refuses_a_mistyped_restriction(damage):
     with pytest.raises(CorruptRecord):
         decode_record(orjson.dumps({**stored_json(session()), **damage}), expires_at=0.0)
 

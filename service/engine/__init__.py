@@ -38,7 +38,7 @@ from .evaluate import (
     run_policy,
     worst_case_cost,
 )
-from . import item_bank
+from . import item_bank, restricted
 from .intervals import mean_interval, wilson_interval
 from .policies import AUTO, DEFAULT_POLICIES, POLICIES, Policy, default_policy, policy_names, resolve_policy
 from .recommend import Budget, CandidateResult, Recommendation, applicable_policies, recommend

@@ -20,6 +20,7 @@ from .compiled import CompiledInstance
 from .errors import InfeasibleComputation
 from .policies import Policy
 from .regions import choose_decision, decision_posterior, expected_loss
+from .restricted import Restriction
 from .select import Decision, StopReason, StopRules, decide
 
 DEFAULT_MAX_TREE_NODES = 100_000
@@ -54,11 +55,11 @@ def run_policy(
     seed: int = 0,
     rng: np.random.Generator | None = None,
     check: Check | None = None,
-    held_back: np.ndarray | None = None,
+    restriction: Restriction | None = None,
 ) -> RunResult:
     """Play ``policy`` until it stops, answering each test as ``true_hypothesis`` would
-    (drawn from P(x | h, t) with ``rng`` on likelihood instances); ``held_back``: tests
-    restricted exposure control holds back in this run (:func:`decide`)."""
+    (drawn from P(x | h, t) with ``rng`` on likelihood instances); ``restriction``: what
+    restricted exposure control keeps from this run (:func:`decide`)."""
     if inst.kind == "likelihood" and rng is None:
         rng = np.random.default_rng(seed)
     observations: list[Observation] = []
@@ -66,7 +67,7 @@ def run_policy(
     while True:
         if check is not None:
             check()
-        decision = decide(observe(inst, observations), policy, rules, seed, held_back=held_back)
+        decision = decide(observe(inst, observations), policy, rules, seed, restriction=restriction)
         map_classes.append(int(np.argmax(decision.belief.class_mass)))
         if decision.done:
             return RunResult(true_hypothesis, tuple(observations), decision.belief.cost_spent,

@@ -183,15 +183,6 @@ def sympson_hetter_blocked(inst: CompiledInstance, seed: int) -> np.ndarray:
     return np.random.default_rng([seed, 2]).uniform(size=inst.n_tests) >= inst.exposure_parameters
 
 
-def restricted_held_back(given: np.ndarray, sessions: int, max_rate: float) -> np.ndarray:
-    """(N,) bool: the tests the restricted method (Revuelta & Ponsoda, 1998) holds back, those
-    given to ``max_rate`` of the ``sessions`` counted so far or more (``given``: (N,) counts)."""
-    if sessions <= 0:
-        return np.zeros(given.shape, dtype=bool)
-    # The quotient, not given >= max_rate * sessions: 3 / 10 rounds to 0.3, 0.3 * 10 rounds above 3.
-    return given / sessions >= max_rate
-
-
 def theta_estimate(belief: Belief) -> tuple[float, float]:
     """(EAP, posterior SD) of θ: the posterior mean of the grid's θ and its standard deviation."""
     theta = belief.instance.theta

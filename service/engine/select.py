@@ -14,6 +14,7 @@ from .errors import InfeasibleComputation, StopRuleNotApplicable
 from .item_bank import balanced, enemies_of, sympson_hetter_blocked, theta_estimate
 from .policies import EDGE_CUTTING_STATISTICS, Policy, edge_cutting_gain, resolve_policy
 from .regions import decided_by_all, decision_posterior, expected_loss
+from .restricted import Restriction, restricted
 
 # A normalised gain at or below this is zero: it is round-off, not information. Gains are
 # differences of sums of order 1 (absolute round-off near 1e-16), so the tolerance is absolute;
@@ -74,7 +75,7 @@ class StopRules(NamedTuple):
     # weight growing with the step (needs max_tests), seeded by (seed, step).
     progressive: bool = False
     # The restricted method: the share of sessions a test may be given to. The caller counts
-    # them across sessions and passes the tests it holds back (item_bank.restricted_held_back).
+    # them across sessions and passes what they hold back (restricted.py).
     max_rate: float | None = None
 
     @property
@@ -121,7 +122,8 @@ class Decision:
 
 
 def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed: int = 0,
-           excluded: np.ndarray | None = None, batch_size: int = 1, held_back: np.ndarray | None = None) -> Decision:
+           excluded: np.ndarray | None = None, batch_size: int = 1,
+           restriction: Restriction | None = None) -> Decision:
     """Stop with the first reason that applies (in the order of :class:`StopReason`), else the
     eligible test maximising gain / cost; ties go to the earliest test in instance order.
 
@@ -129,9 +131,9 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     *available* when open, not skipped and not ``excluded`` ((N,) bool, tests that cannot be run
     here). Only available tests are proposed; when informative tests remain open but none is
     available (the respondent skipped them, the clinic lacks them) the stop is
-    ``no_informative_test``, and ``tests_exhausted`` means every test was answered. Tests
-    ``held_back`` ((N,) bool, by restricted exposure control) are not proposed while another
-    eligible test is informative.
+    ``no_informative_test``, and ``tests_exhausted`` means every test was answered. What a
+    ``restriction`` (restricted exposure control) keeps from the session is not proposed while
+    another eligible test is informative.
 
     With ``batch_size`` k > 1, :attr:`Decision.batch` extends the choice greedily on the batch's
     joint outcomes (:func:`greedy_batch`)."""
@@ -163,10 +165,8 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
         if available.any() and not eligible.any():
             return stop(StopReason.BUDGET_EXHAUSTED)
     positive = gain > ZERO_GAIN
-    if held_back is not None:  # a cap on exposure must not end a run that can go on
-        kept = eligible & ~held_back
-        if (kept & positive).any():
-            eligible = kept
+    if restriction is not None:
+        eligible = restricted(belief, eligible, positive, restriction)
     informative = balanced(inst, belief.run_tests, eligible & positive)
     per_cost = gain / inst.costs
     scores = _shown_scores(belief, policy, per_cost, eligible)

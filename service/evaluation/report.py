@@ -50,7 +50,7 @@ from service.engine import (
     theta_estimate,
     wilson_interval,
 )
-from service.engine.item_bank import restricted_held_back
+from service.engine.restricted import restriction
 
 from .limits import EvaluationLimitExceeded, EvaluationLimits, check_deadline, check_size
 
@@ -362,16 +362,17 @@ def simulate(inst: CompiledInstance, policy, rules: StopRules, seed: int, truths
     other policies are evaluated, or in which order. Exposure control draws per examinee, so each
     run then has its own seed for it. Restricted exposure control (``rules.max_rate``) counts
     across the runs as a store counts across sessions: run i (from 0) holds back the tests given in
-    ``max_rate`` of i + 1 sessions or more, the earlier runs' tests counted, so each restricted run
-    depends on the examinees before it, and on their order."""
+    ``max_rate`` of i + 1 sessions or more (and reserves those near it: service/engine/restricted.py),
+    the earlier runs' tests counted, so each restricted run depends on the examinees before it, and
+    on their order."""
     runs = []
     tick = max(1, truths.size // 100)
     given = np.zeros(inst.n_tests) if rules.max_rate is not None else None
     for i, h in enumerate(truths.tolist()):
         run_seed = (seed << 32) + i if rules.draws_for_exposure else seed
-        held_back = None if given is None else restricted_held_back(given, i + 1, rules.max_rate)
+        restricted = None if given is None else restriction(given, i + 1, rules.max_rate)
         run = run_policy(inst, h, policy, rules, run_seed, rng=np.random.default_rng([seed, i]), check=check,
-                         held_back=held_back)
+                         restriction=restricted)
         runs.append(run)
         if given is not None:
             given[list({t for t, _ in run.observations})] += 1

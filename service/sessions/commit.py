@@ -97,11 +97,11 @@ class Writer:
         Observations that leave no hypothesis alive are refused first (InconsistentObservation);
         the step after them is computed once they are stored, so an attempt that loses (a record
         this worker remembered that another has moved on from) costs no step. Under restricted
-        exposure control the record fixes the tests held back from the counts read first, and
+        exposure control the record fixes the tests held back and reserved from the counts read first, and
         the tests it shows for the first time are counted once it is stored (exposure.py)."""
-        held = exposure.held_back(self.store, compiled, record) if record.max_rate is not None else None
+        restriction = exposure.restriction(self.store, compiled, record) if record.max_rate is not None else None
         updated = record.with_observations(change.observations, expires_at=self.clock() + self.session_ttl,
-                                           held_back=held)
+                                           restriction=restriction)
         key = session_key(updated, compiled, change.observations)
         step = self.steps.get(key)  # computed already: they are consistent
         belief = None if step is not None else change.belief or self.steps.observe(compiled, key)

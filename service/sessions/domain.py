@@ -127,7 +127,8 @@ class Sessions:
         compiled = self._instance_of(request, tenant)
         record = self._record(request, compiled, secrets.token_urlsafe(SESSION_ID_BYTES), self.clock(), tenant)
         if record.max_rate is not None:
-            record = dataclasses.replace(record, held_back=exposure.held_back(self.store, compiled, record, starting=True))
+            held_back, reserved = exposure.restriction(self.store, compiled, record, starting=True)
+            record = dataclasses.replace(record, held_back=held_back, reserved=reserved)
         state = self.writer.state(record, compiled, explain)  # before storing: nothing is kept on failure
         if idempotency_key is not None:
             bound = self.store.idempotency_binding(idempotency_key, tenant)

@@ -3,8 +3,9 @@
 
 The counts live in the store (:class:`~service.store.base.ExposureCounts`), shared by every
 worker: a session counts once when it is created and once for each test it is first given (an
-answer or a skip: the respondent saw it). The tests held back are fixed in the record whenever
-its observations are stored, from the counts read just before, so a step stays a function of
+answer or a skip: the respondent saw it). The tests held back (and those reserved for sessions
+unsure of the class, service/engine/restricted.py) are fixed in the record whenever its
+observations are stored, from the counts read just before, so a step stays a function of
 the record and every worker (and every replay of a GET) proposes the same next test.
 
 The cap is exact for sessions that run one after another. Sessions that run at once read the
@@ -28,20 +29,18 @@ from .steps import Labelled
 log = logging.getLogger("service.sessions")
 
 
-def held_back(store: SessionStore, compiled: engine.CompiledInstance, record: SessionRecord,
-              starting: bool = False) -> tuple[str, ...]:
-    """The tests ``record``'s session holds back for its next step, from the counts now
-    (``starting``: the session is not counted yet, so it is added to the sessions)."""
-    if record.max_rate is None:
-        return ()
+def restriction(store: SessionStore, compiled: engine.CompiledInstance, record: SessionRecord,
+                starting: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The tests ``record``'s session holds back and reserves for its next step, from the counts
+    now (``starting``: the session is not counted yet, so it is added to the sessions)."""
     sessions, given = store.exposure_counts(record.instance_id, record.tenant)
     counts = np.zeros(compiled.n_tests)
     for test, count in given.items():
         t = compiled.test_index.get(test)
         if t is not None:  # a count under an id this instance does not have is no one's
             counts[t] = count
-    held = engine.item_bank.restricted_held_back(counts, sessions + (1 if starting else 0), record.max_rate)
-    return tuple(compiled.test_ids[t] for t in np.flatnonzero(held))
+    restricted = engine.restricted.restriction(counts, sessions + (1 if starting else 0), record.max_rate)
+    return tuple(tuple(compiled.test_ids[t] for t in np.flatnonzero(tests)) for tests in restricted)
 
 
 def first_given(before: SessionRecord, after: Labelled) -> tuple[str, ...]:

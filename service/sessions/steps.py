@@ -43,17 +43,19 @@ class StepKey(NamedTuple):
     seed: int | None  # None when the policy does not draw from it
     excluded: tuple[str, ...]
     batch_size: int
-    held_back: tuple[str, ...]  # by restricted exposure control, from the counts the record fixed
+    # Restricted exposure control's tests held back and reserved, from the counts the record fixed.
+    held_back: tuple[str, ...]
+    reserved: tuple[str, ...]
     observations: Labelled
 
 
 def step_key(tenant: str, compiled: engine.CompiledInstance, policy: str, rules: engine.StopRules, seed: int,
              observations: Labelled, excluded: tuple[str, ...], batch_size: int,
-             held_back: tuple[str, ...] = ()) -> StepKey:
+             restriction: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())) -> StepKey:
     # Sessions that differ in their seed alone share their steps, unless the policy draws from it.
     seeded = engine.resolve_policy(compiled, policy).seeded or rules.draws_for_exposure
     return StepKey(tenant, compiled.content_hash, policy, rules, seed if seeded else None, excluded, batch_size,
-                   held_back, observations)
+                   *restriction, observations)
 
 
 def session_key(record: SessionRecord, compiled: engine.CompiledInstance, observations: Labelled) -> StepKey:
@@ -63,7 +65,7 @@ def session_key(record: SessionRecord, compiled: engine.CompiledInstance, observ
                              record.max_rate)
     seed = session_seed(record.seed, record.session_id) if rules.draws_for_exposure else record.seed
     return step_key(record.tenant, compiled, record.policy, rules, seed, observations, record.exclude_tests,
-                    record.batch_size, record.held_back)
+                    record.batch_size, (record.held_back, record.reserved))
 
 
 def session_seed(seed: int, session_id: str) -> int:
@@ -80,7 +82,7 @@ def key_bytes(key: StepKey, compiled: engine.CompiledInstance) -> int:
     observations."""
     test_bytes, outcome_bytes = compiled.largest_label_bytes
     return (KEY_BYTES + (OBSERVATION_BYTES + test_bytes + outcome_bytes) * len(key.observations)
-            + test_bytes * (len(key.excluded) + len(key.held_back)))
+            + test_bytes * (len(key.excluded) + len(key.held_back) + len(key.reserved)))
 
 
 def belief_bytes(belief: engine.Belief) -> int:
@@ -92,16 +94,17 @@ def decide(compiled: engine.CompiledInstance, key: StepKey, belief: engine.Belie
            batch_size: int | None = None) -> engine.Decision:
     """The engine's decision on ``belief`` under the key's policy and rules (``batch_size``: the
     key's unless given)."""
+    restriction = None
+    if key.rules.max_rate is not None:
+        restriction = engine.restricted.Restriction(_mask(compiled, key.held_back), _mask(compiled, key.reserved))
     # The key holds the seed whenever the policy draws from it.
     return engine.decide(belief, engine.resolve_policy(compiled, key.policy), key.rules, key.seed or 0,
-                         _mask(compiled, key.excluded), key.batch_size if batch_size is None else batch_size,
-                         _mask(compiled, key.held_back))
+                         _mask(compiled, key.excluded) if key.excluded else None,
+                         key.batch_size if batch_size is None else batch_size, restriction)
 
 
-def _mask(compiled: engine.CompiledInstance, tests: tuple[str, ...]) -> np.ndarray | None:
-    """(N,) bool of ``tests`` (known ids), None when there are none."""
-    if not tests:
-        return None
+def _mask(compiled: engine.CompiledInstance, tests: tuple[str, ...]) -> np.ndarray:
+    """(N,) bool of ``tests`` (known ids)."""
     mask = np.zeros(compiled.n_tests, dtype=bool)
     mask[[compiled.test_index[t] for t in tests]] = True
     return mask

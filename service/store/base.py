@@ -68,21 +68,24 @@ class SessionRecord:
     sympson_hetter: bool | None = None  # exposure control with the item bank's parameters (the same seed)
     progressive: bool | None = None  # exposure control: gain blended with a random draw (the same seed)
     # Restricted exposure control: the share of the instance's sessions a test may be given to,
-    # and the tests held back for the step after the observations (fixed when they were stored,
-    # from the counts then, so every worker computes the same step).
+    # and the tests held back and reserved for the step after the observations (fixed when they
+    # were stored, from the counts then, so every worker computes the same step).
     max_rate: float | None = None
     held_back: tuple[str, ...] = ()
+    reserved: tuple[str, ...] = ()
 
     def with_observations(self, observations: tuple[tuple[str, str | None], ...],
-                          expires_at: float | None = None, held_back: tuple[str, ...] | None = None) -> SessionRecord:
-        """The next version, with these observations (and this expiry, and these tests held
-        back, when given)."""
+                          expires_at: float | None = None,
+                          restriction: tuple[tuple[str, ...], tuple[str, ...]] | None = None) -> SessionRecord:
+        """The next version, with these observations (and this expiry, and the tests held back
+        and reserved, when given)."""
         # A copy of the fields, not dataclasses.replace: that reads the class's fields and runs
         # __init__ (which checks nothing here) on every observation.
         record = object.__new__(SessionRecord)
         record.__dict__.update(self.__dict__, observations=observations, version=self.version + 1,
-                               expires_at=self.expires_at if expires_at is None else expires_at,
-                               held_back=self.held_back if held_back is None else held_back)
+                               expires_at=self.expires_at if expires_at is None else expires_at)
+        if restriction is not None:
+            record.__dict__.update(held_back=restriction[0], reserved=restriction[1])
         return record
 
 

@@ -11,9 +11,9 @@ from .base import CorruptRecord, SessionRecord
 
 _RECORD_FIELDS = ("session_id", "instance_id", "policy", "max_tests", "max_cost", "confidence", "seed",
                   "observations", "version", "created_at", "tenant", "max_expected_loss", "exclude_tests",
-                  "batch_size", "max_se", "randomesque", "sympson_hetter", "progressive", "max_rate", "held_back")
+                  "batch_size", "max_se", "randomesque", "sympson_hetter", "progressive", "max_rate", "held_back", "reserved")
 # Written only when set, so records without them encode as they always did.
-_SPARSE_FIELDS = {"max_se", "randomesque", "sympson_hetter", "progressive", "max_rate", "held_back"}
+_SPARSE_FIELDS = {"max_se", "randomesque", "sympson_hetter", "progressive", "max_rate", "held_back", "reserved"}
 
 
 def encode_record(record: SessionRecord) -> bytes:
@@ -31,12 +31,12 @@ _RECORD_TYPES = {"session_id": _TEXT, "instance_id": _TEXT, "policy": _TEXT, "ma
                  "version": _COUNT, "created_at": _NUMBER, "tenant": _TEXT, "max_expected_loss": _NUMBER,
                  "exclude_tests": (list,), "batch_size": _COUNT, "max_se": _NUMBER,
                  "randomesque": _COUNT, "sympson_hetter": (bool,), "progressive": (bool,),
-                 "max_rate": _NUMBER, "held_back": (list,)}
+                 "max_rate": _NUMBER, "held_back": (list,), "reserved": (list,)}
 # May be null, or absent from records written before the field existed.
 _OPTIONAL_FIELDS = {"max_tests", "max_cost", "confidence", "max_expected_loss", "max_se", "randomesque",
                     "sympson_hetter", "progressive", "max_rate"}
 # Absent from records written before the field existed: read as these.
-_FIELD_DEFAULTS = {"exclude_tests": [], "batch_size": 1, "held_back": []}
+_FIELD_DEFAULTS = {"exclude_tests": [], "batch_size": 1, "held_back": [], "reserved": []}
 
 
 def decode_record(raw: bytes, expires_at: float) -> SessionRecord:
@@ -64,9 +64,11 @@ def decode_record(raw: bytes, expires_at: float) -> SessionRecord:
         raise CorruptRecord("session record observations are not [test, outcome] pairs")
     if decoded["version"] < 1:
         raise CorruptRecord("session record version is below 1")
-    if not all(isinstance(t, str) for t in decoded["exclude_tests"] + decoded["held_back"]) or decoded["batch_size"] < 1:
-        raise CorruptRecord("session record exclude_tests / held_back / batch_size are mistyped")
+    labels = decoded["exclude_tests"] + decoded["held_back"] + decoded["reserved"]
+    if not all(isinstance(t, str) for t in labels) or decoded["batch_size"] < 1:
+        raise CorruptRecord("session record exclude_tests / held_back / reserved / batch_size are mistyped")
     decoded["observations"] = tuple((t, o) for t, o in observations)
     decoded["exclude_tests"] = tuple(decoded["exclude_tests"])
     decoded["held_back"] = tuple(decoded["held_back"])
+    decoded["reserved"] = tuple(decoded["reserved"])
     return SessionRecord(**decoded, expires_at=expires_at)
