@@ -25,12 +25,13 @@ CALIBRATED = (("Sympson–Hetter", 0.3, None, False), ("Sympson–Hetter", 0.28,
               ("progressive + Sympson–Hetter", 0.27, None, True))
 
 
-def fixed_length(inst, policy, rules, right, truth) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+def fixed_length(inst, policy, rules, right, truth, reserve: bool = True) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
     """Every examinee to 20 items under ``rules``, each examinee's draws seeded by its number:
     (items given per item, right level per examinee, the items each was given). With
     ``rules.max_rate`` the examinees are sessions in order, as ``edgecut evaluate`` simulates them:
     examinee e holds back the items given to ``max_rate`` of the e + 1 sessions or more, and
-    reserves those near it (service/engine/restricted.py)."""
+    reserves those near it (service/engine/restricted.py) unless ``reserve`` is False (the 1998
+    rule alone, for comparison)."""
     given = np.zeros(inst.n_tests)
     correct = np.zeros(truth.size, dtype=bool)
     asked = []
@@ -38,6 +39,8 @@ def fixed_length(inst, policy, rules, right, truth) -> tuple[np.ndarray, np.ndar
         observations: list = []
         belief = None
         restricted = None if rules.max_rate is None else restriction(given, e + 1, rules.max_rate)
+        if restricted is not None and not reserve:
+            restricted = restricted._replace(reserved=np.zeros(inst.n_tests, dtype=bool))
         while True:
             belief = engine.observe(inst, observations, belief)
             decision = engine.decide(belief, policy, rules, seed=e, restriction=restricted)
@@ -54,7 +57,7 @@ def exposure(args, params, theta, right, catsim_parts) -> str:
     """No control, randomesque k = 5, progressive, Sympson–Hetter with parameters from
     ``calibrate_exposure`` (on its own examinees drawn from the prior, seed args.seed + 1) alone,
     under randomesque and under progressive, and the restricted method at each of
-    ``args.restricted_rates``; catsim's max info and randomesque k = 5 on the same coins; then
+    ``args.restricted_rates`` (with and without its reserve); catsim's max info and randomesque k = 5 on the same coins; then
     content balancing; those of ``args.exposure_methods``. Accuracy, the share of examinees given
     the most-used item, the paired accuracy change against edgecut without control."""
     from service.evaluation.exposure import calibrate_exposure
@@ -65,11 +68,11 @@ def exposure(args, params, theta, right, catsim_parts) -> str:
     policy = engine.resolve_policy(inst, None)
     truth = level_of(theta)
     plain = engine.StopRules(max_tests=20)
-    runs = [("none", inst, plain)]
+    runs = [("none", inst, plain, True)]
     if "randomesque" in methods:
-        runs.append(("randomesque k = 5", inst, plain._replace(randomesque=5)))
+        runs.append(("randomesque k = 5", inst, plain._replace(randomesque=5), True))
     if "progressive" in methods:
-        runs.append(("progressive", inst, plain._replace(progressive=True)))
+        runs.append(("progressive", inst, plain._replace(progressive=True), True))
     for name, target, k, progressive in CALIBRATED if "sympson_hetter" in methods else ():
         rules = plain._replace(randomesque=k, sympson_hetter=True, progressive=progressive)
         started = time.perf_counter()
@@ -81,19 +84,25 @@ def exposure(args, params, theta, right, catsim_parts) -> str:
               f"{[round(step.top_rate, 3) for step in calibration.iterations]}, on the check's fresh examinees "
               f"{calibration.check.top_rate:.3f}, "
               f"{int((calibration.exposure_parameters < 1).sum())} items with K < 1, {seconds:.0f} s", file=sys.stderr)
-        runs.append((f"{name} calibrated to {target}", calibrated, rules))
+        runs.append((f"{name} calibrated to {target}", calibrated, rules, True))
     for rate in args.restricted_rates if "restricted" in methods else ():
-        runs.append((f"restricted, max_rate {rate:g}", inst, plain._replace(max_rate=rate)))
-    rows, baseline = [], None
-    for name, compiled, rules in runs:
-        given, correct, _ = fixed_length(compiled, policy, rules, right, truth)
+        runs.append((f"restricted, max_rate {rate:g}", inst, plain._replace(max_rate=rate), True))
+        runs.append((f"restricted without the reserve, max_rate {rate:g}", inst, plain._replace(max_rate=rate), False))
+    rows, baseline, restricted = [], None, []
+    for name, compiled, rules, reserve in runs:
+        given, correct, _ = fixed_length(compiled, policy, rules, right, truth, reserve)
         baseline = correct if baseline is None else baseline
         rows.append(exposure_row(name, given, correct, baseline, inst.test_ids, compiled.exposure_parameters))
+        if rules.max_rate is not None:
+            restricted.append(correct)
     for name, selector in catsim_selectors(catsim_parts) if "catsim" in methods else ():
         given, correct = catsim_fixed_length(catsim_parts, selector, right, truth)
         rows.append(exposure_row(f"catsim 0.21, {name} (MLE; for reference)", given, correct, baseline, inst.test_ids))
     exposure_table = table(["exposure control", "accuracy at 20 items", "most-used item's rate",
                             "items with K < 1: how many, mean rate", "change (paired)"], rows)
+    for rate, with_reserve, without in zip(args.restricted_rates, restricted[::2], restricted[1::2]):
+        exposure_table += (f"\n\nrestricted, max_rate {rate:g}: with the reserve against without it, paired: "
+                           f"{paired_cell(with_reserve, without)}")
     if "content" not in methods:
         return exposure_table
     return exposure_table + "\n\n" + content_balancing(body, policy, plain, right, truth, baseline)
