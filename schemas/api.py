@@ -132,7 +132,8 @@ class Exposure(_Request):
     ``progressive`` scores each test by a random draw blended with its gain, the gain's weight
     growing with the step (needs max_tests); ``progressive_sympson_hetter`` applies both;
     ``restricted`` holds a test back while it has been given in ``max_rate`` of the instance's
-    sessions or more (counted across them: sessions and evaluations, not a stateless select)."""
+    sessions or more, and one near that share from sessions already fairly sure of the class
+    (counted across them: sessions and evaluations, not a stateless select)."""
 
     method: Literal["randomesque", "sympson_hetter", "progressive", "progressive_sympson_hetter", "restricted"]
     k: Annotated[StrictInt, Field(ge=1, le=MAX_RANDOMESQUE_K)] | None = None

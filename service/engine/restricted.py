@@ -6,7 +6,7 @@ Which sessions get a test near its cap is first come, first served under the pla
 a test given in :data:`RESERVE_SHARE` of its cap or more is also kept from sessions already
 fairly sure of their class (largest class posterior at least :data:`RESERVE_CONFIDENCE`), so
 what is left of it goes to the sessions still unsure, which it helps most. On the item-bank
-bench (docs/item-banks.md) this halves about a third of the plain method's accuracy loss.
+bench this cuts the plain method's accuracy loss by about a third (docs/item-banks.md).
 
 Neither rule ever ends a run: a test stays eligible while no other informative one is.
 """

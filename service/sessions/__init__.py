@@ -10,8 +10,8 @@ Where each concern lives:
 * ``pages.py`` — the walk through a batch of new observations, batch sessions' pages, the
   request's work deadline;
 * ``idempotency.py`` — ``Idempotency-Key`` on create;
-* ``exposure.py`` — restricted exposure control: the tests a session holds back, from counts
-  shared by an instance's sessions;
+* ``exposure.py`` — restricted exposure control: the tests a session holds back and reserves,
+  from counts shared by an instance's sessions;
 * ``records.py`` — reading a record and its instance back from the store.
 """
 

@@ -97,8 +97,9 @@ class Writer:
         Observations that leave no hypothesis alive are refused first (InconsistentObservation);
         the step after them is computed once they are stored, so an attempt that loses (a record
         this worker remembered that another has moved on from) costs no step. Under restricted
-        exposure control the record fixes the tests held back and reserved from the counts read first, and
-        the tests it shows for the first time are counted once it is stored (exposure.py)."""
+        exposure control the record fixes the tests held back and reserved from the counts read
+        first, and the tests it shows for the first time are counted once it is stored
+        (exposure.py)."""
         restriction = exposure.restriction(self.store, compiled, record) if record.max_rate is not None else None
         updated = record.with_observations(change.observations, expires_at=self.clock() + self.session_ttl,
                                            restriction=restriction)

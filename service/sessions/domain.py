@@ -24,8 +24,8 @@ from service.metrics import SESSIONS_CREATED
 from service.store import DEFAULT_TENANT, SessionRecord, SessionStore
 from service.store.encoded import EncodedInstance
 
-from .commit import Writer
 from . import exposure
+from .commit import Writer
 from .corrections import Correct, Withdraw
 from .idempotency import config_of, replay
 from .observations import Observe, labels_of
