@@ -303,3 +303,13 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return False
+
+
+def test_only_an_edgecut_app_is_given_an_isolated_process(app_config):
+    from flask import Flask
+
+    # The project's worker also serves apps that are not edgecut's (the benches' floor).
+    assert isolation.install(Flask("floor")) is None
+    app = create_app({**app_config, "worker_heap_reserve_bytes": 0})
+    isolated = isolation.install(app)
+    assert isinstance(isolated, isolation.IsolatedProcess) and isolation.install(app) is isolated

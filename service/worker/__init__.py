@@ -144,8 +144,8 @@ class BufferingWorker(ThreadWorker):
         if self.stop_while_booting:
             self.alive = False
         super().load_wsgi()
-        if hasattr(self.wsgi, "extensions"):  # an edgecut app: its big requests' instances compiled beside it
-            self.isolated = isolation.install(self.wsgi)
+        # An edgecut app's big requests' instances are compiled beside it (none for another app).
+        self.isolated = isolation.install(self.wsgi)
         rehearse()  # before the worker serves: a request arriving meanwhile would compete with it
         # On a thread of its own, waited for up to WARM_UP_WAIT: a first request arriving while
         # the store's connections were still being opened raced them (a cold 10⁴ × 10³ first step
