@@ -1,4 +1,5 @@
-"""HTTP benchmark: ``python3 -m bench.http_api [--seconds 6] [--rounds 5] [--connections 32]``.
+"""HTTP benchmark: ``python3 -m bench.http_api [--seconds 6] [--rounds 5] [--connections 32]
+[--max-rate R]``.
 
 Starts, on loopback only and for a bounded time:
 
@@ -14,7 +15,8 @@ Then drives ``POST /v1/sessions/{sid}/observations`` from ``--connections`` keep
 N = 50 binary tests and 50 classes: a deterministic one (EC²) and a noisy one (likelihoods,
 EffECXtive). Each connection answers the test the service asks for as a hidden true hypothesis
 would (on the noisy instance, one draw from its likelihoods per test, made while the session is
-prepared), session after session. Every connection
+prepared), session after session; with ``--max-rate R``, every session under restricted exposure
+control at that rate (its counts read before and written after each observation). Every connection
 creates all its sessions first and the clock starts when the last one is ready; request bodies
 are encoded and responses decoded with orjson, as the floor does.
 
@@ -120,15 +122,15 @@ class Client:
         return response.status, (orjson.loads(raw) if raw else {})
 
 
-def _session_connection(port, instance_id, answers, sessions, seconds, ready, go, start_at, out, seed):
-    """One connection: creates its sessions, waits for the start, then answers session after
-    session as a hidden true hypothesis."""
+def _session_connection(port, instance_id, answers, sessions, seconds, exposure, ready, go, start_at, out, seed):
+    """One connection: creates its sessions (with ``exposure`` control, when given), waits for
+    the start, then answers session after session as a hidden true hypothesis."""
     rng = np.random.default_rng(seed)
     client = Client(port)
     prepared = []
     for _ in range(sessions):
-        status, state = client.call("POST", "/v1/sessions", {"instance_id": instance_id,
-                                                             "seed": int(rng.integers(0, 2**62))})
+        body = {"instance_id": instance_id, "seed": int(rng.integers(0, 2**62))}
+        status, state = client.call("POST", "/v1/sessions", body if exposure is None else {**body, "exposure": exposure})
         assert status == 201, state
         prepared.append((state, answers.sheet(int(rng.integers(0, answers.n)), rng)))
     ready.put(1)
@@ -175,8 +177,7 @@ def _process(kind: str, args: tuple, threads: int, sync: tuple, out, seed: int) 
     pool = []
     for i in range(threads):
         if kind == "session":
-            port, instance_id, answers, sessions, seconds = args
-            thread_args = (port, instance_id, answers, sessions, seconds, *sync, out, seed * 1000 + i)
+            thread_args = (*args, *sync, out, seed * 1000 + i)
             target = _session_connection
         else:
             port, seconds = args
@@ -319,7 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--instances", default="deterministic,noisy", help="comma-separated: deterministic, noisy")
     parser.add_argument("--large", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--max-rate", type=float, default=None,
+                        help="sessions under restricted exposure control at this rate (its counts cost two Redis "
+                        "commands per observation); default: none")
     args = parser.parse_args(argv)
+    exposure = None if args.max_rate is None else {"method": "restricted", "max_rate": args.max_rate}
 
     redis_server = RedisServer(Path(tempfile.mkdtemp(prefix="edgecut-bench-")), "--appendonly", "no")
     redis_server.start()
@@ -336,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_http(floor_port, "/nothing")
         print(f"edgecut bench: gunicorn {args.workers} gthread workers, redis {redis_url}, "
               f"{args.connections} connections, {args.rounds} paired rounds of {args.seconds:g} s, "
+              f"exposure control {exposure or 'none'}, "
               f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}", flush=True)
 
         results = {}
@@ -347,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             assert status in (200, 201), summary
             steps_per_session = 12 if noisy else 5
             sessions = int(args.seconds * 2000 / args.connections / steps_per_session) + 10
-            session_args = (edgecut_port, summary["instance_id"], Answers(instance), sessions, args.seconds)
+            session_args = (edgecut_port, summary["instance_id"], Answers(instance), sessions, args.seconds, exposure)
             results[name] = paired_rounds(floor_port, session_args, args.rounds, args.connections, args.seconds,
                                           {"floor": floor.pid, "session": edgecut.pid, "redis": redis_server.process.pid})
             r = results[name]
