@@ -136,8 +136,8 @@ class Delegating(SessionStore):
     def put_value(self, name, value, tenant=DEFAULT_TENANT):
         return self.inner.put_value(name, value, tenant)
 
-    def exposure_counts(self, instance_id, tenant=DEFAULT_TENANT):
-        return self.inner.exposure_counts(instance_id, tenant)
+    def exposure_counts(self, instance_id, tenant=DEFAULT_TENANT, at_least=0.0):
+        return self.inner.exposure_counts(instance_id, tenant, at_least)
 
     def count_exposure(self, instance_id, tenant=DEFAULT_TENANT, *, sessions=0, tests=()):
         return self.inner.count_exposure(instance_id, tenant, sessions=sessions, tests=tests)

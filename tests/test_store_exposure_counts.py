@@ -13,11 +13,14 @@ import random
 import threading
 from collections import defaultdict
 from dataclasses import replace
+from fractions import Fraction
 
 import orjson
 import pytest
 import redis
 
+from service.engine.restricted import RESERVE_SHARE
+from service.sessions.exposure import LISTED_SHARE
 from service.store import CorruptRecord, StoreFull
 from service.store.records import decode_record, encode_record
 from service.store.redis_store import RedisStore
@@ -36,8 +39,10 @@ class Tally:
         for test in tests:
             self.given[test] += 1
 
-    def expected(self) -> tuple[int, dict[str, int]]:
-        return self.sessions, dict(self.given)
+    def expected(self, at_least: float = 0.0) -> tuple[int, dict[str, int]]:
+        """With the tests given fewer than ``at_least`` × sessions times left out (exact arithmetic)."""
+        least = Fraction(str(at_least)) * self.sessions  # the share as written
+        return self.sessions, {test: count for test, count in self.given.items() if count >= least}
 
 
 INSTANCE = "a" * 64
@@ -58,6 +63,22 @@ def test_counts_start_at_nothing_and_add_up_as_counted(store_env):
     assert tally.sessions > 0 and len(tally.given) > 1  # the draw did count something
     if store_env.kind != "memory":  # another worker on the same Redis reads the same counts
         assert store_env.make().exposure_counts(INSTANCE) == tally.expected()
+
+
+def test_a_read_leaves_out_the_tests_below_its_share_of_the_sessions(store_env):
+    store = store_env.make()
+    tally = Tally()
+    rng = random.Random(11)
+    for _ in range(40):
+        given = rng.sample([f"q{j}" for j in range(12)], 3)
+        store.count_exposure(INSTANCE, sessions=1, tests=given)
+        tally.count(1, given)
+    for at_least in (0.0, 0.1, 0.25, 0.3, 0.5, 1.0):
+        assert store.exposure_counts(INSTANCE, at_least=at_least) == tally.expected(at_least)
+    listed = [len(store.exposure_counts(INSTANCE, at_least=a)[1]) for a in (0.0, 0.25, 0.5)]
+    assert listed[0] > listed[1] > listed[2]  # the draw put tests on both sides of the shares
+    # Sessions pass the store a share below the reserve's, so every test the engine reserves is read.
+    assert LISTED_SHARE < RESERVE_SHARE
 
 
 def test_a_test_named_twice_in_one_call_is_counted_twice(store_env):

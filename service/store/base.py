@@ -273,9 +273,12 @@ class ExposureCounts(abc.ABC):
     the sessions."""
 
     @abc.abstractmethod
-    def exposure_counts(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> tuple[int, dict[str, int]]:
-        """(sessions counted, times given by test id; tests never given are absent); (0, {})
-        when nothing was counted, or the counts expired or were deleted with the instance."""
+    def exposure_counts(self, instance_id: str, tenant: str = DEFAULT_TENANT,
+                        at_least: float = 0.0) -> tuple[int, dict[str, int]]:
+        """(sessions counted, times given by test id, for the tests given ``at_least`` × sessions
+        times or more; tests never given are absent); (0, {}) when nothing was counted, or the
+        counts expired or were deleted with the instance. The filter is the store's, so a big
+        instance's counts far from any cap are not sent."""
 
     @abc.abstractmethod
     def count_exposure(self, instance_id: str, tenant: str = DEFAULT_TENANT, *, sessions: int = 0,

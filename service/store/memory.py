@@ -226,13 +226,15 @@ class MemoryStore(SessionStore):
             self._values[slot] = (value, now + self.instance_ttl)
             return value
 
-    def exposure_counts(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> tuple[int, dict[str, int]]:
+    def exposure_counts(self, instance_id: str, tenant: str = DEFAULT_TENANT,
+                        at_least: float = 0.0) -> tuple[int, dict[str, int]]:
         with self._lock:
             current = self._live(self._exposure, (tenant, instance_id), self._tick())
             if current is None:
                 return 0, {}
             sessions, given = current[0]
-            return sessions, dict(given)  # a copy: the counts go on changing under the lock
+            # A copy: the counts go on changing under the lock.
+            return sessions, {test: count for test, count in given.items() if count >= at_least * sessions}
 
     def count_exposure(self, instance_id: str, tenant: str = DEFAULT_TENANT, *, sessions: int = 0,
                        tests: Sequence[str] = ()) -> None:

@@ -6,7 +6,8 @@ with the instance.
 Fields: ``sessions`` holds the session count and ``t:<test id>`` each test's, so no test id,
 whatever it is, names the session count's field. Counting is one script (``EXPOSURE_SCRIPT``,
 redis_scripts.py): every increment, then the TTL reset to the instance TTL, atomically and in
-one round trip, so workers counting at once never lose an increment. Reading is one HGETALL.
+one round trip, so workers counting at once never lose an increment. Reading is one script too
+(``EXPOSURE_READ_SCRIPT``), which leaves out the tests below the share of sessions asked for.
 
 A damaged count (a value HINCRBY could not have written: a hand edit or a bug) reads as absent,
 as if never counted, and is logged; the next count of that field starts it again from its
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from .base import DEFAULT_TENANT
 from .redis_client import redis_errors
 from .redis_connection import RedisConnection
-from .redis_scripts import EXPOSURE_SCRIPT
+from .redis_scripts import EXPOSURE_READ_SCRIPT, EXPOSURE_SCRIPT
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +42,13 @@ class RedisExposure:
     _instance_ttl_ms: int
     exposure_key: Callable[[str, str], str]  # redis_keys.RedisKeys's
 
-    def exposure_counts(self, instance_id: str, tenant: str = DEFAULT_TENANT) -> tuple[int, dict[str, int]]:
+    def exposure_counts(self, instance_id: str, tenant: str = DEFAULT_TENANT,
+                        at_least: float = 0.0) -> tuple[int, dict[str, int]]:
         key = self.exposure_key(instance_id, tenant)
         with redis_errors():
             self.connection.round_trips += 1
-            fields = self.connection.redis.own().hgetall(key)
-        return decode_counts(fields, key)
+            reply = self.connection.redis.own().execute_command("EVAL", EXPOSURE_READ_SCRIPT, 1, key, repr(at_least))
+        return decode_counts(dict(zip(reply[::2], reply[1::2])), key)
 
     def count_exposure(self, instance_id: str, tenant: str = DEFAULT_TENANT, *, sessions: int = 0,
                        tests: Sequence[str] = ()) -> None:
@@ -61,7 +63,7 @@ class RedisExposure:
 
 
 def decode_counts(fields: dict[bytes, bytes], key: str) -> tuple[int, dict[str, int]]:
-    """HGETALL's reply as (sessions, {test id: given}); a damaged field is left out (logged)."""
+    """The hash's fields as (sessions, {test id: given}); a damaged field is left out (logged)."""
     sessions, given, damaged = 0, {}, []
     for field, value in fields.items():
         if not _COUNT.match(value):

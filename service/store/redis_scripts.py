@@ -82,3 +82,21 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1
 """
+
+# KEYS[1]: an instance's exposure counts (a hash). ARGV[1]: a share of the sessions. The hash's
+# fields but the tests given fewer times than that share of the sessions; a value that is no
+# number is returned, for the caller to see it is damaged.
+EXPOSURE_READ_SCRIPT = """
+local fields = redis.call('HGETALL', KEYS[1])
+local sessions = tonumber(redis.call('HGET', KEYS[1], 'sessions')) or 0
+local least = tonumber(ARGV[1]) * sessions
+local kept = {}
+for i = 1, #fields, 2 do
+  local count = tonumber(fields[i + 1])
+  if fields[i] == 'sessions' or count == nil or count >= least then
+    kept[#kept + 1] = fields[i]
+    kept[#kept + 1] = fields[i + 1]
+  end
+end
+return kept
+"""
