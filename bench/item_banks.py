@@ -40,7 +40,8 @@ without control, with randomesque k = 5, progressive, with Sympson–Hetter para
 ``calibrate_exposure`` (``edgecut calibrate-exposure``) on its own examinees drawn from the prior
 (``--calibration-examinees`` per iteration, ``--calibration-iterations``, seed --seed + 1), then
 evaluated on the 2,000 examinees with the same coins, and with the restricted method at each
-``--restricted-rates`` (the examinees taken in order as sessions, the counts kept across them);
+``--restricted-rates``, with and without its reserve and the two paired (the examinees taken in
+order as sessions, the counts kept across them);
 and content balancing over three areas (item j in area j mod 3; targets 50 / 30 / 20 %).
 Accuracy, the most-used item's rate, and the accuracy change paired with the uncontrolled run.
 ``--exposure-methods restricted`` (or any of randomesque, progressive, sympson_hetter,
@@ -319,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the exposure section's rows, comma-separated among " + ", ".join(EXPOSURE_METHODS)
                         + " (default all; the run without control is always there)")
     parser.add_argument("--restricted-rates", type=lambda text: [float(r) for r in text.split(",")], default=[0.3],
-                        help="the restricted method's max_rate, one row each (comma-separated; default 0.3)")
+                        help="the restricted method's max_rate, a pair of rows each, with and without its reserve "
+                        "(comma-separated; default 0.3)")
     args = parser.parse_args(argv)
     try:
         import catsim.estimation
