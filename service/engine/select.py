@@ -74,8 +74,7 @@ class StopRules(NamedTuple):
     # The progressive method: each test's score a blend of a random draw and its gain, the gain's
     # weight growing with the step (needs max_tests), seeded by (seed, step).
     progressive: bool = False
-    # The restricted method: the share of sessions a test may be given to. The caller counts
-    # them across sessions and passes what they hold back (restricted.py).
+    # The restricted method's share of sessions per test (the caller counts them: restricted.py).
     max_rate: float | None = None
 
     @property
@@ -122,8 +121,7 @@ class Decision:
 
 
 def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed: int = 0,
-           excluded: np.ndarray | None = None, batch_size: int = 1,
-           restriction: Restriction | None = None) -> Decision:
+           excluded: np.ndarray | None = None, batch_size: int = 1, restriction: Restriction | None = None) -> Decision:
     """Stop with the first reason that applies (in the order of :class:`StopReason`), else the
     eligible test maximising gain / cost; ties go to the earliest test in instance order.
 
@@ -132,8 +130,7 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
     here). Only available tests are proposed; when informative tests remain open but none is
     available (the respondent skipped them, the clinic lacks them) the stop is
     ``no_informative_test``, and ``tests_exhausted`` means every test was answered. What a
-    ``restriction`` (restricted exposure control) keeps from the session is not proposed while
-    another eligible test is informative.
+    ``restriction`` keeps from the session is proposed only when no other eligible test informs.
 
     With ``batch_size`` k > 1, :attr:`Decision.batch` extends the choice greedily on the batch's
     joint outcomes (:func:`greedy_batch`)."""
@@ -165,8 +162,7 @@ def decide(belief: Belief, policy: Policy, rules: StopRules = StopRules(), seed:
         if available.any() and not eligible.any():
             return stop(StopReason.BUDGET_EXHAUSTED)
     positive = gain > ZERO_GAIN
-    if restriction is not None:
-        eligible = restricted(belief, eligible, positive, restriction)
+    eligible = eligible if restriction is None else restricted(belief, eligible, positive, restriction)
     informative = balanced(inst, belief.run_tests, eligible & positive)
     per_cost = gain / inst.costs
     scores = _shown_scores(belief, policy, per_cost, eligible)
