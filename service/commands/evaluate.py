@@ -36,7 +36,7 @@ def register(subparsers) -> None:
                         help="comma-separated policy names, 'auto' included (default: every policy that applies)")
     add_stop_rules(parser, restricted=True)
     parser.add_argument("--samples", type=int, default=2000,
-                        help="Monte Carlo runs per policy, likelihood instances (default 2000)")
+                        help="Monte Carlo runs per policy: likelihood instances, and any under --max-rate (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo runs (default 0)")
     parser.add_argument("--method", choices=("auto", "exact", "monte_carlo"), default="auto",
                         help="auto: exact when deterministic, else Monte Carlo")
