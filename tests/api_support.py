@@ -91,6 +91,15 @@ def observe(client, session_id: str, body: dict, headers: dict | None = None):
     return client.post(f"/v1/sessions/{session_id}/observations", json=body, headers=headers or {})
 
 
+def app_over(app_config: dict, wrapper: type[Delegating]):
+    """An app over the store ``app_config`` names, wrapped in ``wrapper`` (faults injected)."""
+    from service.app import create_app
+    from service.store import create_store
+
+    inner = create_store(app_config["redis_url"], session_ttl=3600, key_prefix=app_config["key_prefix"])
+    return create_app(app_config, store=wrapper(inner))
+
+
 class Delegating(SessionStore):
     """A store that forwards to a real one; tests override single methods to inject faults."""
 

@@ -9,14 +9,14 @@ import numpy as np
 import orjson
 import pytest
 
-from api_support import NOISY, QUAD, TRIAGE, Delegating, assert_problem, new_session, observe, stored
+from api_support import NOISY, QUAD, TRIAGE, Delegating, app_over, assert_problem, new_session, observe, stored
 from schemas.responses import SessionState, StepState
 from service import engine
 from service.app import create_app
 from service.sessions.state import Step, step_of
 from service.sessions.steps import StepCache, StepKey, belief_bytes
 from tests.builders import compile_wire
-from service.store import StoreUnavailable, VersionConflict, create_store
+from service.store import StoreUnavailable, VersionConflict
 
 
 @pytest.fixture
@@ -109,11 +109,6 @@ def test_if_match(client, quad):
 # --- faults injected under the store contract --------------------------------------------
 
 
-def _app_over(app_config, wrapper):
-    inner = create_store(app_config["redis_url"], session_ttl=3600, key_prefix=app_config["key_prefix"])
-    return create_app(app_config, store=wrapper(inner))
-
-
 def test_an_expired_instance_is_410_and_the_session_is_kept(app_config):
     class Forgetful(Delegating):
         forgotten: set[str] = set()
@@ -121,7 +116,7 @@ def test_an_expired_instance_is_410_and_the_session_is_kept(app_config):
         def get_instance(self, instance_id, tenant="public"):
             return None if instance_id in self.forgotten else super().get_instance(instance_id, tenant)
 
-    app = _app_over(app_config, Forgetful)
+    app = app_over(app_config, Forgetful)
     client = app.test_client()
     session = new_session(client)
     before = stored(app, session["session_id"])
@@ -142,7 +137,7 @@ def test_lost_compare_and_set_is_retried(app_config):
                 raise VersionConflict("another worker won")
             return super().update_session(record, expected_version)
 
-    app = _app_over(app_config, LosesOnce)
+    app = app_over(app_config, LosesOnce)
     client = app.test_client()
     sid = new_session(client)["session_id"]
     response = observe(client, sid, {"test": "ecg", "outcome": "normal"})
@@ -155,7 +150,7 @@ def test_always_losing_compare_and_set_is_409_and_nothing_changes(app_config):
         def update_session(self, record, expected_version):
             raise VersionConflict("another worker won")
 
-    app = _app_over(app_config, AlwaysLoses)
+    app = app_over(app_config, AlwaysLoses)
     client = app.test_client()
     sid = new_session(client)["session_id"]
     before = stored(app, sid)
@@ -213,7 +208,7 @@ def test_store_unavailable_is_503_with_retry_after(app_config):
                 raise StoreUnavailable("connection refused")
             return super().get_session(session_id, tenant)
 
-    app = _app_over(app_config, Down)
+    app = app_over(app_config, Down)
     client = app.test_client()
     sid = new_session(client)["session_id"]
     before = stored(app, sid)

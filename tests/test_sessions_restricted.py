@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 from service.api.context import EXTENSION
-from service.app import create_app
-from service.store import StoreUnavailable, create_store
+from service.store import StoreUnavailable
 
-from api_support import PROBLEM, Delegating
+from api_support import PROBLEM, Delegating, app_over
 
 RATE = 0.3
 LENGTH = 3
@@ -143,8 +142,8 @@ def test_a_count_the_store_refuses_after_the_write_is_logged_not_answered_as_a_f
         def count_exposure(self, instance_id, tenant="public", *, sessions=0, tests=()):
             raise StoreUnavailable("connection refused")
 
-    store = CountsDown(create_store(app_config["redis_url"], session_ttl=3600, key_prefix=app_config["key_prefix"]))
-    client = create_app(app_config, store=store).test_client()
+    app = app_over(app_config, CountsDown)
+    store, client = app.extensions[EXTENSION].store, app.test_client()
     instance_id = client.post("/v1/instances", json=BANK).get_json()["instance_id"]
     created = client.post("/v1/sessions", json={"instance_id": instance_id, "max_tests": LENGTH, "exposure": RESTRICTED})
     assert created.status_code == 201
