@@ -375,7 +375,7 @@ def simulate(inst: CompiledInstance, policy, rules: StopRules, seed: int, truths
                          restriction=restricted)
         runs.append(run)
         if given is not None:
-            given[list({t for t, _ in run.observations})] += 1
+            given += items_given(inst, [run])
         if progress and (i + 1) % tick == 0:
             progress(tick)
     if progress and truths.size % tick:
